@@ -1,0 +1,550 @@
+"""Synthetic face identities rendered as aligned 112x112 RGB crops, for demos and tests without real data.
+
+An identity is a set of face parameters (outline, eyes, brows, nose, mouth, skin tone, hair, glasses, beard,
+moles) drawn from an RNG keyed by ``(seed, identity)``, so identity ``i`` is the same whatever else is
+generated. An image renders the identity under nuisances a recognition model must learn to ignore: in-plane
+rotation, scale, shift, a fake yaw (inner features slide sideways), expression (smile, open mouth, raised
+brows, half-closed eyes), background, illumination gradient, brightness/contrast, colour jitter, blur,
+noise, occlusion and JPEG quality. Each image's nuisances come from an RNG keyed by
+``(seed, split, identity, image index)``: same seed, byte-identical JPEGs, in any order or process count.
+
+Rendering is vectorised numpy on a pixel grid: every part is a soft-edged signed-distance mask (ellipse,
+ring, thick curve) evaluated only inside the part's bounding box, alpha-composited back to front.
+
+Identity id ranges keep the splits disjoint, as real protocols do: training identities are
+``0 .. num_classes-1``; verification identities live from ``EVAL_ID_BASE[kind]`` upward.
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import math
+from dataclasses import dataclass
+from typing import Iterator, Literal
+
+import numpy as np
+from PIL import Image
+
+IMAGE_SIZE = 112
+# Canonical face coordinates: the image spans [-1, 1] on both axes at scale 1 (y points down).
+_HALF = IMAGE_SIZE / 2.0
+_CENTRE = (IMAGE_SIZE - 1) / 2.0
+
+Split = Literal["train", "easy", "hard"]
+# Verification identities start far above any training id so the splits cannot overlap.
+EVAL_ID_BASE: dict[str, int] = {"easy": 10_000_000, "hard": 20_000_000}
+# Tags that separate the RNG streams of identities, siblings and images.
+_TAG_IDENTITY, _TAG_SIBLING, _TAG_IMAGE, _TAG_PAIRS = 1, 2, 3, 4
+_SPLIT_TAG = {"train": 0, "easy": 1, "hard": 2}
+
+HAIR_STYLES = ("bald", "short", "fringe", "side", "long")
+_SKIN = np.array([[0.98, 0.87, 0.77], [0.93, 0.76, 0.62], [0.80, 0.60, 0.45],
+                  [0.62, 0.43, 0.30], [0.42, 0.28, 0.19]], np.float32)
+_HAIR = np.array([[0.08, 0.07, 0.07], [0.30, 0.19, 0.10], [0.55, 0.38, 0.20], [0.85, 0.72, 0.45],
+                  [0.62, 0.25, 0.10], [0.65, 0.65, 0.65], [0.92, 0.92, 0.90]], np.float32)
+_IRIS = np.array([[0.30, 0.18, 0.08], [0.12, 0.08, 0.05], [0.25, 0.45, 0.75], [0.30, 0.55, 0.35],
+                  [0.50, 0.55, 0.60]], np.float32)
+_FRAME = np.array([[0.05, 0.05, 0.05], [0.55, 0.35, 0.15], [0.75, 0.70, 0.60], [0.60, 0.10, 0.10],
+                   [0.10, 0.20, 0.55]], np.float32)
+
+Colour = tuple[float, float, float]
+
+
+@dataclass(frozen=True)
+class IdentityParams:
+    """One synthetic person, in canonical face coordinates (image = [-1, 1]^2, y down)."""
+
+    skin: Colour
+    face_w: float          # half-width of the face ellipse
+    face_h: float          # half-height of the face ellipse
+    jaw_taper: float       # 0 = round jaw, larger = narrower chin
+    ear_size: float
+    eye_dx: float          # half the distance between the eye centres
+    eye_y: float
+    eye_w: float
+    eye_h: float
+    eye_tilt: float        # radians, outer corners up when positive
+    iris: Colour
+    brow_dy: float         # brow height above the eye centre
+    brow_len: float
+    brow_thick: float
+    brow_angle: float
+    brow_curve: float
+    nose_len: float        # from the eye line to the nose tip
+    nose_w: float
+    mouth_y: float
+    mouth_w: float
+    lip_thick: float
+    lip: Colour
+    hair_style: str        # one of HAIR_STYLES
+    hair: Colour
+    hairline: float        # y of the hairline at the centre
+    hair_volume: float     # how far the hair stands out of the face outline
+    hair_slope: float      # tilt of the fringe / parting line
+    glasses: bool
+    frame: Colour
+    lens_r: float
+    beard: bool
+    moustache: bool
+    moles: tuple[tuple[float, float, float], ...]  # (x, y, radius) of dark spots
+
+
+@dataclass(frozen=True)
+class NuisanceConfig:
+    """Upper bounds of the per-image nuisances (each is drawn uniformly up to its bound)."""
+
+    rotation_deg: float = 12.0
+    scale: float = 0.08           # relative, +-
+    shift_px: float = 5.0
+    yaw: float = 0.06             # sideways slide of the inner features, canonical units
+    smile: float = 1.0
+    mouth_open: float = 0.6
+    brow_raise: float = 0.04
+    eye_close: float = 0.5        # fraction of the eye height that may be closed
+    illumination: float = 0.45    # strength of the multiplicative gradient
+    brightness: float = 0.15
+    contrast: float = 0.2
+    colour_jitter: float = 0.08   # per-channel gain, +-
+    blur_sigma: float = 1.0
+    noise_sigma: float = 6.0      # in 0..255 units
+    occlusion_p: float = 0.25
+    occlusion_size: float = 0.45  # max side of the occluder, canonical units
+    jpeg_quality: tuple[int, int] = (70, 95)
+
+
+NUISANCE: dict[str, NuisanceConfig] = {
+    "train": NuisanceConfig(),
+    "easy": NuisanceConfig(),
+    "hard": NuisanceConfig(rotation_deg=18.0, scale=0.12, shift_px=7.0, yaw=0.09, illumination=0.6,
+                           brightness=0.2, contrast=0.3, colour_jitter=0.12, blur_sigma=1.5,
+                           noise_sigma=10.0, occlusion_p=0.45, occlusion_size=0.6,
+                           jpeg_quality=(50, 90)),
+}
+
+
+def _pick(rng: np.random.Generator, palette: np.ndarray, spread: float) -> Colour:
+    """A palette colour, blended with its neighbour and perturbed, so colours are continuous."""
+    t = rng.uniform(0, len(palette) - 1)
+    i = int(t)
+    j = min(i + 1, len(palette) - 1)
+    c = palette[i] * (1 - (t - i)) + palette[j] * (t - i) + rng.uniform(-spread, spread, 3)
+    return tuple(float(x) for x in np.clip(c, 0.0, 1.0))
+
+
+def _draw_identity(rng: np.random.Generator) -> IdentityParams:
+    u = rng.uniform
+    skin = _pick(rng, _SKIN, 0.03)
+    hair_style = HAIR_STYLES[int(rng.integers(len(HAIR_STYLES)))]
+    beard = bool(rng.random() < 0.2)
+    n_moles = int(rng.integers(0, 3))
+    lip = tuple(float(x) for x in np.clip(np.array(skin) * u(0.55, 0.8) + np.array([0.2, 0.0, 0.02]), 0, 1))
+    return IdentityParams(
+        skin=skin, face_w=u(0.60, 0.80), face_h=u(0.84, 1.04), jaw_taper=u(0.0, 0.45), ear_size=u(0.09, 0.17),
+        eye_dx=u(0.25, 0.38), eye_y=u(-0.17, -0.04), eye_w=u(0.08, 0.14), eye_h=u(0.035, 0.065),
+        eye_tilt=u(-0.2, 0.2), iris=_pick(rng, _IRIS, 0.05),
+        brow_dy=u(0.10, 0.18), brow_len=u(0.08, 0.14), brow_thick=u(0.012, 0.04), brow_angle=u(-0.3, 0.3),
+        brow_curve=u(-1.0, 3.0),
+        nose_len=u(0.20, 0.36), nose_w=u(0.05, 0.12),
+        mouth_y=u(0.44, 0.62), mouth_w=u(0.12, 0.26), lip_thick=u(0.012, 0.035), lip=lip,
+        hair_style=hair_style, hair=_pick(rng, _HAIR, 0.04), hairline=u(-0.70, -0.40),
+        hair_volume=u(0.04, 0.18), hair_slope=u(-0.5, 0.5),
+        glasses=bool(rng.random() < 0.25), frame=_pick(rng, _FRAME, 0.05), lens_r=u(0.10, 0.16),
+        beard=beard, moustache=bool(beard or rng.random() < 0.12),
+        moles=tuple((u(-0.5, 0.5), u(-0.3, 0.6), u(0.012, 0.025)) for _ in range(n_moles)),
+    )
+
+
+def identity_params(seed: int, identity: int) -> IdentityParams:
+    """The parameters of identity ``identity`` (any non-negative int); independent of other identities."""
+    if identity < 0:
+        raise ValueError(f"identity must be >= 0, got {identity}")
+    return _draw_identity(np.random.default_rng([seed, _TAG_IDENTITY, identity]))
+
+
+# Groups of fields a sibling re-draws; a sibling keeps everything else of its family's base identity.
+_SIBLING_GROUPS: tuple[tuple[str, ...], ...] = (
+    ("face_w", "face_h", "jaw_taper", "ear_size"),
+    ("eye_dx", "eye_y", "eye_w", "eye_h", "eye_tilt", "iris"),
+    ("brow_dy", "brow_len", "brow_thick", "brow_angle", "brow_curve"),
+    ("nose_len", "nose_w", "mouth_y", "mouth_w", "lip_thick", "lip"),
+    ("hair_style", "hairline", "hair_volume", "hair_slope"),
+    ("glasses", "frame", "lens_r", "beard", "moustache", "moles"),
+)
+
+
+def sibling_params(seed: int, family: int, member: int, groups: int = 3) -> IdentityParams:
+    """A look-alike: family ``family``'s base identity with ``groups`` feature groups re-drawn.
+
+    Members of one family share skin and hair colour and half their features: hard negatives.
+    """
+    base = identity_params(seed, family)
+    rng = np.random.default_rng([seed, _TAG_SIBLING, family, member])
+    fresh = _draw_identity(rng)
+    chosen = rng.choice(len(_SIBLING_GROUPS), size=groups, replace=False)
+    changes = {name: getattr(fresh, name) for g in chosen for name in _SIBLING_GROUPS[int(g)]}
+    return dataclasses.replace(base, **changes)
+
+
+@dataclass(frozen=True)
+class Nuisance:
+    """The per-image nuisance values drawn from a NuisanceConfig."""
+
+    angle: float
+    scale: float
+    shift: tuple[float, float]
+    yaw: float
+    smile: float
+    mouth_open: float
+    brow_raise: float
+    eye_open: float
+    background: tuple[Colour, Colour]
+    light_dir: float
+    light: float
+    brightness: float
+    contrast: float
+    gains: Colour
+    blur_sigma: float
+    noise_sigma: float
+    noise_seed: int
+    occluder: tuple[float, float, float, float, Colour] | None  # (x, y, half_w, half_h, colour)
+    jpeg_quality: int
+
+
+def sample_nuisance(rng: np.random.Generator, cfg: NuisanceConfig) -> Nuisance:
+    """Draw one image's nuisances from ``cfg``."""
+    u = rng.uniform
+    occluder = None
+    if rng.random() < cfg.occlusion_p:
+        s = cfg.occlusion_size
+        occluder = (u(-0.7, 0.7), u(-0.4, 0.9), u(0.15, s), u(0.15, s),
+                    tuple(float(x) for x in rng.uniform(0, 1, 3)))
+    return Nuisance(
+        angle=math.radians(u(-cfg.rotation_deg, cfg.rotation_deg)),
+        scale=1.0 + u(-cfg.scale, cfg.scale),
+        shift=(u(-cfg.shift_px, cfg.shift_px), u(-cfg.shift_px, cfg.shift_px)),
+        yaw=u(-cfg.yaw, cfg.yaw),
+        smile=u(-0.3, 1.0) * cfg.smile,
+        mouth_open=u(0, 1) ** 2 * cfg.mouth_open,
+        brow_raise=u(-0.3, 1.0) * cfg.brow_raise,
+        eye_open=1.0 - u(0, 1) ** 2 * cfg.eye_close,
+        background=(tuple(float(x) for x in rng.uniform(0, 1, 3)), tuple(float(x) for x in rng.uniform(0, 1, 3))),
+        light_dir=u(0, 2 * math.pi),
+        light=u(0, cfg.illumination),
+        brightness=u(-cfg.brightness, cfg.brightness),
+        contrast=1.0 + u(-cfg.contrast, cfg.contrast),
+        gains=tuple(float(x) for x in 1.0 + rng.uniform(-cfg.colour_jitter, cfg.colour_jitter, 3)),
+        blur_sigma=u(0, cfg.blur_sigma),
+        noise_sigma=u(0, cfg.noise_sigma),
+        noise_seed=int(rng.integers(2**63)),
+        occluder=occluder,
+        jpeg_quality=int(rng.integers(cfg.jpeg_quality[0], cfg.jpeg_quality[1] + 1)),
+    )
+
+
+class _Canvas:
+    """An HWC float32 image plus the canonical coordinates (u, v) of every pixel for one pose."""
+
+    _ys, _xs = np.mgrid[0:IMAGE_SIZE, 0:IMAGE_SIZE].astype(np.float32)
+    # Fixed per-pixel fields shared by every image.
+    _ramp = ((_xs * 0.7 + _ys * 0.3) / IMAGE_SIZE)[..., None]  # (H, W, 1)
+    _xc = (_xs - _CENTRE) / _HALF  # (H, W) in [-1, 1]
+    _yc = (_ys - _CENTRE) / _HALF  # (H, W)
+    # One noise texture, cropped at a random offset per image: far cheaper than fresh noise per image.
+    _noise = np.random.default_rng(12345).standard_normal((2 * IMAGE_SIZE, 2 * IMAGE_SIZE, 3)).astype(np.float32)
+
+    def __init__(self, n: Nuisance) -> None:
+        self.cos, self.sin = math.cos(n.angle), math.sin(n.angle)
+        self.px = 1.0 / (_HALF * n.scale)  # one pixel in canonical units: the anti-aliasing width
+        self.ox = _CENTRE + n.shift[0]
+        self.oy = _CENTRE + n.shift[1]
+        self.k = _HALF * n.scale
+        dx = self._xs - self.ox  # (H, W)
+        dy = self._ys - self.oy  # (H, W)
+        self.u = (self.cos * dx + self.sin * dy) * self.px  # (H, W)
+        self.v = (-self.sin * dx + self.cos * dy) * self.px  # (H, W)
+        self.img = np.empty((IMAGE_SIZE, IMAGE_SIZE, 3), np.float32)
+
+    def box(self, cx: float, cy: float, r: float) -> tuple[slice, slice] | None:
+        """Pixel slices covering the canonical disc (cx, cy, r), or None when it is off the image."""
+        x = self.ox + self.k * (self.cos * cx - self.sin * cy)
+        y = self.oy + self.k * (self.sin * cx + self.cos * cy)
+        rp = r * self.k + 2.0
+        x0, x1 = max(int(x - rp), 0), min(int(x + rp) + 2, IMAGE_SIZE)
+        y0, y1 = max(int(y - rp), 0), min(int(y + rp) + 2, IMAGE_SIZE)
+        if x0 >= x1 or y0 >= y1:
+            return None
+        return slice(y0, y1), slice(x0, x1)
+
+    def paint(self, sl: tuple[slice, slice], dist: np.ndarray, colour: Colour | np.ndarray,
+              opacity: float = 1.0) -> None:
+        """Alpha-blend ``colour`` where the signed distance ``dist`` (canonical units) is negative."""
+        alpha = dist * np.float32(-1.0 / self.px)  # (h, w): one-pixel soft edge
+        alpha += np.float32(0.5)
+        np.clip(alpha, 0.0, opacity, out=alpha)
+        region = self.img[sl]  # (h, w, 3) view
+        region += alpha[..., None] * (np.asarray(colour, np.float32) - region)
+
+
+def _local(u: np.ndarray, v: np.ndarray, cx: float, cy: float, angle: float) -> tuple[np.ndarray, np.ndarray]:
+    """Coordinates in a frame centred at (cx, cy) and rotated by ``angle``."""
+    c, s = math.cos(angle), math.sin(angle)
+    du, dv = u - cx, v - cy
+    return c * du + s * dv, -s * du + c * dv
+
+
+def _ellipse_sdf(x: np.ndarray, y: np.ndarray, a: float, b: float) -> np.ndarray:
+    """Approximate signed distance to an axis-aligned ellipse (first-order: (k-1)/|grad k|)."""
+    qx, qy = x / a, y / b
+    k = np.sqrt(qx * qx + qy * qy) + 1e-6
+    grad = np.sqrt((qx / a) ** 2 + (qy / b) ** 2) / k + 1e-6
+    return (k - 1.0) / grad
+
+
+def _ellipse(cv: _Canvas, cx: float, cy: float, a: float, b: float, colour, angle: float = 0.0,
+             opacity: float = 1.0, ring: float = 0.0) -> None:
+    sl = cv.box(cx, cy, max(a, b) + ring)
+    if sl is None:
+        return
+    x, y = _local(cv.u[sl], cv.v[sl], cx, cy, angle)
+    d = _ellipse_sdf(x, y, a, b)
+    cv.paint(sl, np.abs(d) - ring if ring else d, colour, opacity)
+
+
+def _curve(cv: _Canvas, cx: float, cy: float, half_len: float, bend: float, thick: float, colour,
+           angle: float = 0.0, opacity: float = 1.0) -> None:
+    """A thick parabola y = bend * x^2 over |x| <= half_len (brows, lips, eyelids)."""
+    sl = cv.box(cx, cy, half_len + thick + abs(bend) * half_len * half_len)
+    if sl is None:
+        return
+    x, y = _local(cv.u[sl], cv.v[sl], cx, cy, angle)
+    # Taper the ends so strokes look drawn rather than cut.
+    taper = thick * (1.0 - 0.6 * np.clip(np.abs(x) / half_len, 0, 1) ** 2)
+    d = np.maximum(np.abs(y - bend * x * x) - taper, np.abs(x) - half_len)
+    cv.paint(sl, d, colour, opacity)
+
+
+def _darker(c: Colour, f: float) -> tuple[float, float, float]:
+    return tuple(x * f for x in c)
+
+
+def render(p: IdentityParams, n: Nuisance) -> np.ndarray:
+    """Render identity ``p`` under nuisances ``n``: a (112, 112, 3) uint8 RGB array."""
+    cv = _Canvas(n)
+    img = cv.img
+    # Background: a linear blend between two colours across the image.
+    bg0, bg1 = np.asarray(n.background[0], np.float32), np.asarray(n.background[1], np.float32)
+    np.multiply(cv._ramp, bg1 - bg0, out=img)
+    img += bg0
+
+    hair = p.hair
+    face_cy = 0.08
+    top = face_cy - p.face_h  # y of the top of the head
+    # Long hair falls behind the head and shoulders.
+    if p.hair_style == "long":
+        _ellipse(cv, 0.0, face_cy + 0.25, p.face_w + p.hair_volume + 0.08, p.face_h + 0.3, hair)
+    # Neck and ears sit behind the face outline.
+    _ellipse(cv, 0.0, face_cy + p.face_h * 0.9, p.face_w * 0.55, 0.5, _darker(p.skin, 0.9))
+    for side in (-1.0, 1.0):
+        _ellipse(cv, side * (p.face_w - 0.02), p.eye_y + 0.12, p.ear_size * 0.7, p.ear_size * 1.3,
+                 _darker(p.skin, 0.93))
+    # Face: an ellipse whose lower half narrows towards the chin by jaw_taper.
+    sl = cv.box(0.0, face_cy, max(p.face_w, p.face_h))
+    u, v = cv.u[sl], cv.v[sl]
+    y = v - face_cy
+    width = p.face_w * (1.0 - p.jaw_taper * np.clip(y / p.face_h, 0.0, 1.0) ** 2)
+    face_d = _ellipse_sdf(u / width * p.face_w, y, p.face_w, p.face_h)
+    cv.paint(sl, face_d, p.skin)
+
+    # Inner features slide sideways with the fake yaw.
+    fx = n.yaw
+    if p.beard:
+        # Beard: the face below a line under the nose, with an opening for the mouth.
+        beard_d = np.maximum(face_d + 0.01, (p.eye_y + p.nose_len + 0.06) - v)
+        cv.paint(sl, beard_d, hair, 0.9)
+    if p.hair_style != "bald":
+        # Hair cap: a slightly larger head outline, above a (tilted, wavy) hairline.
+        cap = _ellipse_sdf(u, v - face_cy + p.hair_volume * 0.5, p.face_w + p.hair_volume,
+                           p.face_h + p.hair_volume)
+        line = p.hairline + p.hair_slope * u
+        if p.hair_style == "fringe":
+            line = line + 0.2 + 0.03 * np.sin(u * 25.0)
+        elif p.hair_style == "side":
+            line = line + 0.1 * np.abs(u - 0.3 * np.sign(p.hair_slope)) * 3.0
+        elif p.hair_style == "long":
+            # Long hair frames the face down the sides.
+            line = np.where(np.abs(u) > p.face_w - 0.12, 2.0, line)
+        hair_d = np.maximum(cap, v - line)
+        cv.paint(sl, hair_d, hair)
+    for mx, my, mr in p.moles:
+        _ellipse(cv, mx + fx, my, mr, mr, _darker(p.skin, 0.45))
+
+    # Eyes: white, iris, pupil, then an upper lid that closes with eye_open.
+    eh = p.eye_h * n.eye_open
+    for side in (-1.0, 1.0):
+        ex = side * p.eye_dx + fx
+        tilt = -side * p.eye_tilt
+        _ellipse(cv, ex, p.eye_y, p.eye_w, eh, (0.95, 0.95, 0.93), tilt)
+        _ellipse(cv, ex, p.eye_y, min(p.eye_h * 0.75, eh), min(p.eye_h * 0.75, eh), p.iris)
+        _ellipse(cv, ex, p.eye_y, min(p.eye_h * 0.35, eh), min(p.eye_h * 0.35, eh), (0.02, 0.02, 0.02))
+        _ellipse(cv, ex, p.eye_y, p.eye_w, eh, _darker(p.skin, 0.5), tilt, ring=0.008)
+        # Brows follow the hair colour; expression raises them.
+        by = p.eye_y - p.brow_dy - n.brow_raise
+        _curve(cv, ex + side * 0.02, by, p.brow_len, -p.brow_curve, p.brow_thick, _darker(hair, 0.8),
+               -side * p.brow_angle)
+        if p.glasses:
+            _ellipse(cv, ex, p.eye_y, p.lens_r * 1.2, p.lens_r, p.frame, ring=0.012)
+    if p.glasses:
+        _curve(cv, fx, p.eye_y - 0.02, p.eye_dx - p.lens_r * 1.2, -1.0, 0.01, p.frame)
+
+    # Nose: a shaded ridge and two nostrils.
+    tip = p.eye_y + p.nose_len
+    _ellipse(cv, fx * 1.3, tip - p.nose_len * 0.4, p.nose_w * 0.35, p.nose_len * 0.45, _darker(p.skin, 0.85),
+             opacity=0.6)
+    for side in (-1.0, 1.0):
+        _ellipse(cv, fx * 1.3 + side * p.nose_w * 0.5, tip, p.nose_w * 0.3, p.nose_w * 0.18,
+                 _darker(p.skin, 0.45))
+
+    # Mouth: an opening (dark ellipse) then the lips as a curve whose bend is the smile.
+    if n.mouth_open > 0.05:
+        _ellipse(cv, fx, p.mouth_y, p.mouth_w * 0.7, 0.05 * n.mouth_open, (0.25, 0.05, 0.05))
+    if p.moustache:
+        _curve(cv, fx, p.mouth_y - 0.06, p.mouth_w * 0.9, -1.0, 0.022, _darker(hair, 0.9))
+    _curve(cv, fx, p.mouth_y, p.mouth_w, -n.smile * 1.5, p.lip_thick, p.lip)
+
+    if n.occluder is not None:
+        ox, oy, hw, hh, oc = n.occluder
+        sl = cv.box(ox, oy, max(hw, hh))
+        if sl is not None:
+            x, y = _local(cv.u[sl], cv.v[sl], ox, oy, 0.0)
+            cv.paint(sl, np.maximum(np.abs(x) - hw, np.abs(y) - hh), oc)
+
+    # Photometric nuisances, in the order a camera would apply them.
+    lx, ly = math.cos(n.light_dir) * n.light, math.sin(n.light_dir) * n.light
+    light = cv._xc * np.float32(lx) + cv._yc * np.float32(ly)  # (H, W)
+    light += np.float32(1.0)
+    gain = np.asarray(n.gains, np.float32) * np.float32(255.0 * n.contrast)  # (3,)
+    img *= light[..., None] * gain
+    img += np.float32(255.0 * (n.brightness + 0.5 * (1.0 - n.contrast)) + 0.5)  # +0.5: round on the cast
+    if n.blur_sigma > 0.3:
+        img = _blur(img, n.blur_sigma)
+    if n.noise_sigma > 0.5:
+        oy, ox = divmod(n.noise_seed % (IMAGE_SIZE * IMAGE_SIZE), IMAGE_SIZE)
+        img += cv._noise[oy: oy + IMAGE_SIZE, ox: ox + IMAGE_SIZE] * np.float32(n.noise_sigma)
+    np.clip(img, 0.0, 255.0, out=img)
+    return img.astype(np.uint8)
+
+
+def _blur(img: np.ndarray, sigma: float) -> np.ndarray:
+    """Separable Gaussian blur with edge padding."""
+    r = max(1, int(math.ceil(2.0 * sigma)))
+    t = np.arange(-r, r + 1, dtype=np.float32)
+    w = np.exp(-0.5 * (t / sigma) ** 2)
+    w /= w.sum()
+    pad = np.pad(img, ((r, r), (0, 0), (0, 0)), mode="edge")
+    out = w[0] * pad[: IMAGE_SIZE]
+    for i in range(1, 2 * r + 1):
+        out += w[i] * pad[i: i + IMAGE_SIZE]
+    pad = np.pad(out, ((0, 0), (r, r), (0, 0)), mode="edge")
+    out = w[0] * pad[:, : IMAGE_SIZE]
+    for i in range(1, 2 * r + 1):
+        out += w[i] * pad[:, i: i + IMAGE_SIZE]
+    return out
+
+
+def encode_jpeg(img: np.ndarray, quality: int) -> bytes:
+    """JPEG bytes of an (H, W, 3) uint8 RGB array."""
+    buf = io.BytesIO()
+    Image.fromarray(img, "RGB").save(buf, format="JPEG", quality=quality)
+    return buf.getvalue()
+
+
+def image_rng(seed: int, split: Split, identity: int, index: int, member: int = 0) -> np.random.Generator:
+    """The RNG of one image: keyed by everything that names it, so images are order-independent."""
+    return np.random.default_rng([seed, _TAG_IMAGE, _SPLIT_TAG[split], identity, member, index])
+
+
+def render_sample(seed: int, split: Split, params: IdentityParams, identity: int, index: int,
+                  member: int = 0) -> tuple[np.ndarray, int]:
+    """Image ``index`` of an identity under split ``split``'s nuisances: (uint8 HWC array, JPEG quality)."""
+    n = sample_nuisance(image_rng(seed, split, identity, index, member), NUISANCE[split])
+    return render(p=params, n=n), n.jpeg_quality
+
+
+def train_identity_images(seed: int, identity: int, images_per_class: int) -> list[bytes]:
+    """The JPEG images of training identity ``identity``."""
+    p = identity_params(seed, identity)
+    out = []
+    for i in range(images_per_class):
+        img, q = render_sample(seed, "train", p, identity, i)
+        out.append(encode_jpeg(img, q))
+    return out
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    """Which identities and image indices make up one verification pair (ids are (family, member))."""
+
+    issame: bool
+    a: tuple[int, int]
+    b: tuple[int, int]
+    index_a: int
+    index_b: int
+
+
+def pair_specs(seed: int, kind: Literal["easy", "hard"], num_pairs: int) -> list[PairSpec]:
+    """The layout of a verification set: half same, half different, interleaved so every fold is balanced.
+
+    ``easy``: negatives are two unrelated identities. ``hard``: every identity is a member of a family
+    of look-alikes (:func:`sibling_params`) and negatives are two members of the same family.
+    """
+    if kind not in EVAL_ID_BASE:
+        raise ValueError(f"kind must be one of {sorted(EVAL_ID_BASE)}, got {kind!r}")
+    if num_pairs < 2:
+        raise ValueError(f"num_pairs must be >= 2, got {num_pairs}")
+    base = EVAL_ID_BASE[kind]
+    rng = np.random.default_rng([seed, _TAG_PAIRS, _SPLIT_TAG[kind], num_pairs])
+    # Every identity appears in about two positive pairs, like LFW's few images per person.
+    n_ids = max(2, num_pairs // 4)
+    specs = []
+    for i in range(num_pairs):
+        if i % 2 == 0:
+            if kind == "easy":
+                ident = (base + int(rng.integers(n_ids)), 0)
+            else:
+                ident = (base + int(rng.integers(n_ids // 2 + 1)), 1 + int(rng.integers(2)))
+            specs.append(PairSpec(True, ident, ident, 2 * i, 2 * i + 1))
+        else:
+            if kind == "easy":
+                a, b = rng.choice(n_ids, size=2, replace=False)
+                ida, idb = (base + int(a), 0), (base + int(b), 0)
+            else:
+                fam = base + int(rng.integers(n_ids // 2 + 1))
+                ida, idb = (fam, 1), (fam, 2)
+            specs.append(PairSpec(False, ida, idb, 2 * i, 2 * i + 1))
+    return specs
+
+
+def eval_identity_params(seed: int, ident: tuple[int, int]) -> IdentityParams:
+    """Parameters of a verification identity ``(family, member)``: member 0 is the family's base identity."""
+    family, member = ident
+    return identity_params(seed, family) if member == 0 else sibling_params(seed, family, member)
+
+
+def render_pair_images(seed: int, kind: Literal["easy", "hard"], specs: list[PairSpec]) -> list[bytes]:
+    """The 2 * len(specs) JPEG images of ``specs`` (pair i is images 2i, 2i+1)."""
+    cache: dict[tuple[int, int], IdentityParams] = {}
+    out = []
+    for s in specs:
+        for ident, index in ((s.a, s.index_a), (s.b, s.index_b)):
+            if ident not in cache:
+                cache[ident] = eval_identity_params(seed, ident)
+            img, q = render_sample(seed, kind, cache[ident], ident[0], index, ident[1])
+            out.append(encode_jpeg(img, q))
+    return out
+
+
+def iter_train_items(seed: int, num_classes: int, images_per_class: int) -> Iterator[tuple[int, bytes]]:
+    """``(label, jpeg)`` for every training image, grouped by label in ascending order."""
+    for c in range(num_classes):
+        for jpeg in train_identity_images(seed, c, images_per_class):
+            yield c, jpeg
