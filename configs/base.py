@@ -1,0 +1,120 @@
+"""Every configuration key, its default, and what it means.
+
+An experiment file (``configs/ms1mv3_r50.py`` or any ``.py`` of yours) defines ``config`` holding only the
+keys that differ from these defaults; ``utils.config.load_config`` merges the two, rejects unknown keys and
+wrong types, and checks the values. Key names and meanings follow insightface's ``arcface_torch`` so its
+configs keep working; the keys after "Ours" are additions. The type of each default is the type the loader
+accepts (an int is accepted where the default is a float), except for the few keys documented as
+optional or as taking two types.
+
+Values computed from these (global batch, steps per epoch, total and warm-up steps) are never stored here:
+see ``utils.config.derive``.
+"""
+from easydict import EasyDict as edict
+
+config = edict()
+
+# ---------------------------------------------------------------- model
+# Backbone name in the `backbones` registry: r18 | r34 | r50 | r100 | r200 | mbf | tiny.
+config.network = "r50"
+# Extra keyword arguments for backbones.get_model (dict), e.g. {"widths": (8, 16, 16, 32)} for `tiny`.
+config.network_kwargs = {}
+# Dimension of the face embedding (the backbone output and the Partial FC class centres); >= 1.
+config.embedding_size = 512
+# Path of a backbone state_dict (.pt/.pth, e.g. an official model.pt) to start from, or None for random init.
+# Ignored when the run resumes from a checkpoint (the checkpoint's weights win).
+config.init_backbone = None
+# Store activations in channels-last memory format (faster convolutions on recent GPUs; same results).
+config.channels_last = False
+
+# ---------------------------------------------------------------- margin loss
+# Combined margin (m1, m2, m3): target logit s * (cos(m1 * theta + m2) - m3).
+# ArcFace: (1.0, 0.5, 0.0); CosFace: (1.0, 0.0, 0.4). m1 > 0, m2 >= 0, m3 >= 0.
+config.margin_list = (1.0, 0.5, 0.0)
+# Logit scale s (the radius of the hypersphere); > 0.
+config.margin_scale = 64.0
+# Gradient through the margin: "straight_through" (as arcface_torch: the margin is applied without gradient,
+# so d(target logit)/d(cos theta) is taken as 1) | "exact" (differentiate s * (cos(m1*theta + m2) - m3)).
+config.margin_gradient = "straight_through"
+# Inter-class filtering (arcface_torch): a sample's non-target cosines above this threshold are zeroed
+# (likely label noise: the same person filed under two identities). 0 = off; range [0, 1).
+config.interclass_filtering_threshold = 0.0
+
+# ---------------------------------------------------------------- Partial FC
+# Fraction of class centres sampled per step (all positives + random negatives); range (0, 1]. 1 = full softmax.
+config.sample_rate = 1.0
+
+# ---------------------------------------------------------------- precision
+# Mixed precision with float16 autocast and a dynamic GradScaler (CUDA). Not together with bf16.
+config.fp16 = False
+# Mixed precision with bfloat16 autocast (no loss scaling needed). Not together with fp16.
+config.bf16 = False
+
+# ---------------------------------------------------------------- optimisation
+# Images per rank per forward pass (micro-batch); >= 1. Global batch = batch_size * world_size.
+config.batch_size = 128
+# Optimizer for backbone and head: "sgd" | "adamw". arcface_torch's AdamW recipes use lr 0.001, wd 0.1.
+config.optimizer = "sgd"
+# Peak learning rate (reached at the end of warm-up, then polynomial decay with power 2 to 0); > 0.
+config.lr = 0.1
+# SGD momentum, or AdamW beta1; range [0, 1).
+config.momentum = 0.9
+# Weight decay (L2 for SGD, decoupled for AdamW); >= 0.
+config.weight_decay = 5e-4
+# Micro-batches accumulated per optimizer step; >= 1. The LR schedule counts optimizer steps.
+config.gradient_acc = 1
+# Clip the backbone's gradient norm to this value (arcface_torch clips at 5); 0 = no clipping; >= 0.
+config.clip_grad_norm = 5.0
+# Stop the job after this many optimizer steps in a row with a non-finite loss; >= 1.
+config.max_nonfinite_steps = 10
+
+# ---------------------------------------------------------------- data
+# Training data: a folder holding train.rec/train.idx (insightface RecordIO), a folder of identity folders,
+# or "synthetic" (random images, for speed tests and CI).
+config.rec = "synthetic"
+# Number of identities (classes) in the training set; >= 1 and >= world size.
+config.num_classes = 1000
+# Number of training images; it sets the steps per epoch (num_image // (batch_size * world * gradient_acc)).
+config.num_image = 100000
+# Epochs to train; >= 1 unless max_steps > 0.
+config.num_epoch = 20
+# Epochs of linear learning-rate warm-up from 0 (0 = none); >= 0.
+config.warmup_epoch = 0
+# Train for this many optimizer steps instead of num_epoch epochs; 0 = derive from num_epoch; >= 0.
+config.max_steps = 0
+# NVIDIA DALI loader (arcface_torch). Not supported here: must stay False (the loader uses num_workers).
+config.dali = False
+# Data-loading worker processes per rank; >= 0 (0 = load in the training process).
+config.num_workers = 2
+# Seed for weights, Partial FC sampling, shuffling and flips; >= 0.
+config.seed = 2048
+
+# ---------------------------------------------------------------- evaluation and logging
+# Verification sets evaluated during training, looked up as <rec>/<name>.bin (missing files are skipped).
+config.val_targets = ["lfw", "cfp_fp", "agedb_30"]
+# Evaluate on val_targets every this many optimizer steps; >= 1.
+config.verbose = 2000
+# Log loss, throughput and learning rate every this many optimizer steps; >= 1.
+config.frequent = 10
+
+# ---------------------------------------------------------------- output and checkpoints
+# Output folder (logs, model.pt, checkpoints/); None = work_dirs/<config file name without .py>.
+config.output = None
+# Resume: False = start fresh (or auto_resume); True = continue from the newest complete checkpoint under
+# `output` (error if none); a path = continue from that checkpoint directory.
+config.resume = False
+# True: when `output` holds a complete checkpoint whose config fingerprint matches, continue from it.
+config.auto_resume = True
+# Write resumable checkpoints (backbone, optimizers, scaler, RNG, head shards) at every epoch end and every
+# save_every_steps; False = write only the backbone weights (output/model.pt), as arcface_torch.
+config.save_all_states = False
+# Also checkpoint every this many optimizer steps; 0 = only at epoch end; >= 0.
+config.save_every_steps = 0
+# Complete checkpoints kept under output/checkpoints (older ones are deleted); >= 1.
+config.keep_checkpoints = 2
+
+# ---------------------------------------------------------------- runtime
+# Where to train: "auto" (CUDA when available, else CPU) | "cpu" | "cuda".
+config.device = "auto"
+# Timeout of collective operations in the process group, in minutes; >= 1.
+config.dist_timeout_minutes = 30

@@ -1,0 +1,9 @@
+"""ArcFace, IResNet-100 on MS1MV2 (faces_emore), 8 GPUs x 128 images, fp16 (arcface_torch's ms1mv2_r100)."""
+from easydict import EasyDict as edict
+
+config = edict()
+config.network = "r100"
+config.fp16 = True
+config.rec = "/train_tmp/faces_emore"
+config.num_classes = 85742
+config.num_image = 5822653

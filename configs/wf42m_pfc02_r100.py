@@ -1,0 +1,13 @@
+"""CosFace (m3 = 0.4), IResNet-100 on WebFace42M with Partial FC sampling 0.2, 8 GPUs x 128 images, fp16
+(arcface_torch's wf42m_pfc02_r100)."""
+from easydict import EasyDict as edict
+
+config = edict()
+config.margin_list = (1.0, 0.0, 0.4)
+config.network = "r100"
+config.sample_rate = 0.2
+config.fp16 = True
+config.verbose = 10000
+config.rec = "/train_tmp/WebFace42M"
+config.num_classes = 2059906
+config.num_image = 42474557

@@ -1,0 +1,523 @@
+"""Load, check and describe training configurations.
+
+A configuration is ``configs/base.py`` (every key, with its default and meaning) overlaid with an
+experiment file that sets only what differs, then with ``--set KEY=VALUE`` overrides::
+
+    cfg = load_config("configs/ms1mv3_r50", overrides=["batch_size=64", "fp16=false"])
+    d = derive(cfg, world_size=8)          # steps per epoch, total and warm-up steps, global batch
+    print(cfg)                             # the resolved configuration, for the log
+
+Types come from the defaults in ``configs/base.py`` (an int is accepted for a float key, a bool is not
+accepted for a number); value rules live in ``_RULES`` below. The returned ``Config`` is read-only:
+values computed from it (``Derived``) are never written back.
+"""
+from __future__ import annotations
+
+import ast
+import difflib
+import hashlib
+import importlib.util
+import json
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONFIG_DIR = REPO_ROOT / "configs"
+BASE_CONFIG = CONFIG_DIR / "base.py"
+
+# Keys whose default does not show their type: optional paths (None allowed) and `resume` (bool or a path).
+_OPTIONAL_STR = frozenset({"output", "init_backbone"})
+_BOOL_OR_STR = frozenset({"resume"})
+
+# Keys that do not change what the model learns: operational settings (where and how often to write, log,
+# evaluate; how many loader workers; how long to wait for peers) and settings that change speed or numerics
+# only at rounding level (device, channels_last). Every other key enters the fingerprint, so a checkpoint is
+# resumed automatically only by a run that would have produced the same training trajectory.
+FINGERPRINT_EXCLUDED = frozenset({
+    "output", "resume", "auto_resume", "save_all_states", "save_every_steps", "keep_checkpoints",
+    "verbose", "frequent", "val_targets", "num_workers", "dali", "device", "channels_last",
+    "dist_timeout_minutes", "max_nonfinite_steps",
+})
+
+_TRUE = frozenset({"true", "1", "yes", "y", "on"})
+_FALSE = frozenset({"false", "0", "no", "n", "off"})
+_NONE = frozenset({"none", "null"})
+
+
+class _FrozenDict(dict):
+    """A dict that refuses changes (the values of dict-typed keys such as ``network_kwargs``)."""
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("configuration values are read-only; use load_config(..., overrides=[...])")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _refuse  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple:
+        return (_FrozenDict, (dict(self),))
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, dict):
+        return _FrozenDict({k: _freeze(v) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def _thaw(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _thaw(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_thaw(v) for v in value)
+    return value
+
+
+class Config(Mapping):
+    """A resolved, read-only configuration: ``cfg.lr`` or ``cfg["lr"]``; ``to_dict()`` for a plain copy.
+
+    Sequences are stored as tuples and dicts as read-only dicts so that no caller can change a value that
+    others already read. Picklable (it crosses ``spawn`` boundaries and is stored in checkpoints as a dict).
+    """
+
+    __slots__ = ("_data", "_source", "_name")
+
+    def __init__(self, data: Mapping[str, Any], source: str = "", name: str = "") -> None:
+        object.__setattr__(self, "_data", {k: _freeze(v) for k, v in data.items()})
+        object.__setattr__(self, "_source", source)
+        object.__setattr__(self, "_name", name)
+
+    @property
+    def source(self) -> str:
+        """The experiment file this configuration was loaded from ("" for base only)."""
+        return self._source
+
+    @property
+    def name(self) -> str:
+        """The experiment's name: its file name without ``.py`` (e.g. ``ms1mv3_r50``)."""
+        return self._name
+
+    def __getattr__(self, key: str) -> Any:
+        data = object.__getattribute__(self, "_data")
+        try:
+            return data[key]
+        except KeyError:
+            raise AttributeError(f"config has no key {key!r}{_suggest(key, data)}") from None
+
+    def __getitem__(self, key: str) -> Any:
+        try:
+            return self._data[key]
+        except KeyError:
+            raise KeyError(f"config has no key {key!r}{_suggest(key, self._data)}") from None
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        raise AttributeError(f"config is read-only (tried to set {key!r}); pass overrides to load_config "
+                             f"or compute derived values with utils.config.derive")
+
+    def __delattr__(self, key: str) -> None:
+        raise AttributeError(f"config is read-only (tried to delete {key!r})")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Config):
+            return self._data == other._data
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple:
+        return (Config, (self.to_dict(), self._source, self._name))
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain, mutable deep copy (tuples stay tuples; dicts become plain dicts)."""
+        return {k: _thaw(v) for k, v in self._data.items()}
+
+    def __repr__(self) -> str:
+        return f"Config(name={self._name!r}, source={self._source!r}, {len(self._data)} keys)"
+
+    def __str__(self) -> str:
+        defaults = _base_defaults()
+        width = max(len(k) for k in self._data)
+        lines = [f"config {self._name or 'base'} ({self._source or BASE_CONFIG}); * = differs from base"]
+        for key, value in self._data.items():
+            mark = "*" if _freeze(defaults.get(key)) != value else " "
+            lines.append(f" {mark} {key:<{width}} : {_thaw(value)!r}")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Derived:
+    """Values computed from a configuration and the world size (never written into the config).
+
+    All step counts are optimizer steps (one step = ``gradient_acc`` micro-batches on every rank).
+    """
+
+    world_size: int
+    global_batch_size: int  # images per micro-step over all ranks: batch_size * world_size
+    images_per_step: int  # images per optimizer step: global_batch_size * gradient_acc
+    steps_per_epoch: int  # num_image // global_batch_size // gradient_acc
+    total_steps: int  # max_steps if > 0 else num_epoch * steps_per_epoch
+    warmup_steps: int  # warmup_epoch * steps_per_epoch
+
+
+# ------------------------------------------------------------------------------------------------ loading
+
+def _load_module_config(path: Path) -> dict[str, Any]:
+    """Execute the config file at ``path`` (user-written code, like any training script) and return ``config``."""
+    module_name = f"_face_config_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"{path}: cannot be loaded as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules.pop(module_name, None)
+    if not hasattr(module, "config"):
+        raise ValueError(f"{path}: defines no `config` (expected `config = edict()` with the keys that differ "
+                         f"from configs/base.py)")
+    config = module.config
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: `config` is a {type(config).__name__}; expected a dict or easydict")
+    return dict(config)
+
+
+_BASE_CACHE: dict[str, Any] = {}
+
+
+def _base_defaults() -> dict[str, Any]:
+    if not _BASE_CACHE:
+        _BASE_CACHE.update(_load_module_config(BASE_CONFIG))
+        for key, value in _BASE_CACHE.items():
+            assert value is not None or key in _OPTIONAL_STR, f"base key {key!r} defaults to None but has no type"
+    return _BASE_CACHE
+
+
+def resolve_config_path(path_or_name: str) -> Path:
+    """Find the config file for ``configs/NAME``, ``configs/NAME.py``, ``NAME`` or any path to a ``.py`` file.
+
+    Relative paths are tried against the working directory first, then against the repository root.
+    """
+    raw = Path(path_or_name)
+    candidates = [raw] if raw.suffix == ".py" else [raw.with_name(raw.name + ".py"), raw]
+    tried: list[Path] = []
+    for cand in candidates:
+        for base in ((Path.cwd(), REPO_ROOT, CONFIG_DIR) if not cand.is_absolute() else (Path("/"),)):
+            full = (base / cand).resolve()
+            tried.append(full)
+            if full.is_file():
+                return full
+    known = sorted(p.stem for p in CONFIG_DIR.glob("*.py") if not p.name.startswith("_"))
+    hint = difflib.get_close_matches(raw.stem, known, n=1)
+    raise ValueError(f"config {path_or_name!r} not found (tried {', '.join(map(str, dict.fromkeys(tried)))}); "
+                     f"shipped configs: {', '.join(known)}" + (f"; did you mean configs/{hint[0]}?" if hint else ""))
+
+
+def _suggest(key: str, valid: Mapping[str, Any] | Sequence[str]) -> str:
+    close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.5)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _type_name(default: Any, key: str) -> str:
+    if key in _OPTIONAL_STR:
+        return "str or None"
+    if key in _BOOL_OR_STR:
+        return "bool or str (a checkpoint path)"
+    if isinstance(default, (list, tuple)):
+        inner = _type_name(default[0], "") if default else "any"
+        return f"list/tuple of {inner}"
+    return {bool: "bool", int: "int", float: "float (or int)", str: "str", dict: "dict"}.get(
+        type(default), type(default).__name__)
+
+
+def _coerce(key: str, value: Any, default: Any, where: str) -> Any:
+    """Check ``value`` against the type of ``default``; return it normalised (int -> float, list -> tuple)."""
+    def bad() -> ValueError:
+        return ValueError(f"{where}: key {key!r} = {value!r} has type {type(value).__name__}; "
+                          f"expected {_type_name(default, key)}")
+
+    if key in _OPTIONAL_STR:
+        if value is None or isinstance(value, str):
+            return value
+        raise bad()
+    if key in _BOOL_OR_STR:
+        if isinstance(value, (bool, str)):
+            return value
+        raise bad()
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        raise bad()
+    if isinstance(default, int):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise bad()
+    if isinstance(default, float):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise bad()
+    if isinstance(default, str):
+        if isinstance(value, str):
+            return value
+        raise bad()
+    if isinstance(default, (list, tuple)):
+        if not isinstance(value, (list, tuple)):
+            raise bad()
+        if not default:
+            return tuple(value)
+        return tuple(_coerce(f"{key}[{i}]", v, default[0], where) for i, v in enumerate(value))
+    if isinstance(default, dict):
+        if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+            return dict(value)
+        raise bad()
+    raise AssertionError(f"base key {key!r} has a default of unsupported type {type(default).__name__}")
+
+
+# ------------------------------------------------------------------------------------------------ value rules
+
+def _rule(check: Callable[[Any], bool], allowed: str) -> tuple[Callable[[Any], bool], str]:
+    return check, allowed
+
+
+def _finite(x: float) -> bool:
+    return math.isfinite(x)
+
+
+_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "network": _rule(lambda v: bool(v.strip()), "a backbone name such as r50, r100, mbf, tiny"),
+    "embedding_size": _rule(lambda v: v >= 1, ">= 1"),
+    "margin_list": _rule(lambda v: len(v) == 3 and all(_finite(x) for x in v) and v[0] > 0 and v[1] >= 0
+                         and v[2] >= 0, "3 finite numbers (m1, m2, m3) with m1 > 0, m2 >= 0, m3 >= 0"),
+    "margin_scale": _rule(lambda v: _finite(v) and v > 0, "> 0"),
+    "margin_gradient": _rule(lambda v: v in ("straight_through", "exact"), "'straight_through' or 'exact'"),
+    "interclass_filtering_threshold": _rule(lambda v: 0 <= v < 1, "in [0, 1) (0 = off)"),
+    "sample_rate": _rule(lambda v: 0 < v <= 1, "in (0, 1]"),
+    "batch_size": _rule(lambda v: v >= 1, ">= 1"),
+    "optimizer": _rule(lambda v: v in ("sgd", "adamw"), "'sgd' or 'adamw'"),
+    "lr": _rule(lambda v: _finite(v) and v > 0, "> 0"),
+    "momentum": _rule(lambda v: 0 <= v < 1, "in [0, 1)"),
+    "weight_decay": _rule(lambda v: _finite(v) and v >= 0, ">= 0"),
+    "gradient_acc": _rule(lambda v: v >= 1, ">= 1"),
+    "clip_grad_norm": _rule(lambda v: _finite(v) and v >= 0, ">= 0 (0 = no clipping)"),
+    "max_nonfinite_steps": _rule(lambda v: v >= 1, ">= 1"),
+    "rec": _rule(lambda v: bool(v.strip()), "a dataset folder or 'synthetic'"),
+    "num_classes": _rule(lambda v: v >= 1, ">= 1"),
+    "num_image": _rule(lambda v: v >= 1, ">= 1"),
+    "num_epoch": _rule(lambda v: v >= 0, ">= 0 (and >= 1 unless max_steps > 0)"),
+    "warmup_epoch": _rule(lambda v: v >= 0, ">= 0"),
+    "max_steps": _rule(lambda v: v >= 0, ">= 0 (0 = derive from num_epoch)"),
+    "dali": _rule(lambda v: v is False, "False (DALI is not supported; the loader uses num_workers processes)"),
+    "num_workers": _rule(lambda v: v >= 0, ">= 0"),
+    "seed": _rule(lambda v: v >= 0, ">= 0"),
+    "verbose": _rule(lambda v: v >= 1, ">= 1"),
+    "frequent": _rule(lambda v: v >= 1, ">= 1"),
+    "save_every_steps": _rule(lambda v: v >= 0, ">= 0 (0 = only at epoch end)"),
+    "keep_checkpoints": _rule(lambda v: v >= 1, ">= 1"),
+    "device": _rule(lambda v: v in ("auto", "cpu", "cuda"), "'auto', 'cpu' or 'cuda'"),
+    "dist_timeout_minutes": _rule(lambda v: v >= 1, ">= 1"),
+    "output": _rule(lambda v: v is None or bool(v.strip()), "a folder path or None"),
+    "init_backbone": _rule(lambda v: v is None or bool(v.strip()), "a file path or None"),
+}
+
+
+def _check_values(values: dict[str, Any], where: str) -> None:
+    for key, (check, allowed) in _RULES.items():
+        if not check(values[key]):
+            raise ValueError(f"{where}: {key} = {values[key]!r} is not allowed; expected {allowed}")
+    if values["fp16"] and values["bf16"]:
+        raise ValueError(f"{where}: fp16 = True and bf16 = True; choose at most one mixed-precision mode")
+    if values["num_epoch"] < 1 and values["max_steps"] <= 0:
+        raise ValueError(f"{where}: num_epoch = {values['num_epoch']} and max_steps = {values['max_steps']}; "
+                         f"expected num_epoch >= 1 or max_steps > 0")
+
+
+# ------------------------------------------------------------------------------------------------ overrides
+
+def _parse_scalar(text: str, default: Any, key: str) -> Any:
+    low = text.strip().lower()
+    if isinstance(default, bool) or key in _BOOL_OR_STR:
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        if key in _BOOL_OR_STR:
+            return text
+        raise ValueError(f"expected a bool ({'/'.join(sorted(_TRUE))} or {'/'.join(sorted(_FALSE))})")
+    if key in _OPTIONAL_STR and low in _NONE:
+        return None
+    if isinstance(default, int):
+        return int(text.strip())
+    if isinstance(default, float):
+        return float(text.strip())
+    if isinstance(default, str) or key in _OPTIONAL_STR:
+        stripped = text.strip()
+        if len(stripped) >= 2 and stripped[0] == stripped[-1] and stripped[0] in "'\"":
+            return ast.literal_eval(stripped)
+        return text
+    raise AssertionError(f"no scalar parser for key {key!r}")
+
+
+def _parse_override(text: str, defaults: Mapping[str, Any]) -> tuple[str, Any]:
+    """``"KEY=VALUE"`` -> (key, value parsed to the key's type); errors name the override."""
+    if "=" not in text:
+        raise ValueError(f"--set {text!r}: expected KEY=VALUE")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if key not in defaults:
+        raise ValueError(f"--set {text!r}: unknown key {key!r}{_suggest(key, defaults)}")
+    default = defaults[key]
+    try:
+        if isinstance(default, dict):
+            value = ast.literal_eval(raw.strip())
+        elif isinstance(default, (list, tuple)):
+            stripped = raw.strip()
+            if stripped[:1] in "[(":
+                value = ast.literal_eval(stripped)
+            elif not stripped:
+                value = ()
+            else:
+                inner = default[0] if default else ""
+                value = tuple(_parse_scalar(part, inner, "") for part in stripped.split(","))
+        else:
+            value = _parse_scalar(raw, default, key)
+    except (ValueError, SyntaxError) as exc:
+        raise ValueError(f"--set {text!r}: cannot parse {raw!r} as {_type_name(default, key)} for key "
+                         f"{key!r} ({exc})") from None
+    return key, value
+
+
+# ------------------------------------------------------------------------------------------------ public API
+
+def load_config(path_or_name: str, overrides: Sequence[str] = ()) -> Config:
+    """Load ``configs/base.py`` overlaid with the experiment file and ``--set`` overrides; check everything.
+
+    ``path_or_name``: ``configs/NAME`` (as arcface_torch users type it), ``configs/NAME.py``, ``NAME`` or a
+    path to any ``.py`` file defining ``config`` (a dict/easydict with only the keys that differ from base).
+    ``overrides``: ``"KEY=VALUE"`` strings, applied in order after the file (a later one wins).
+    Raises ``ValueError`` naming the file or override, the key, the value received and what is allowed.
+    When ``output`` is None it resolves to ``work_dirs/<NAME>`` as in arcface_torch.
+    """
+    path = resolve_config_path(path_or_name)
+    defaults = _base_defaults()
+    where = str(path)
+    values: dict[str, Any] = {k: _coerce(k, v, v, str(BASE_CONFIG)) if v is not None else v
+                              for k, v in defaults.items()}
+    if path != BASE_CONFIG:
+        for key, value in _load_module_config(path).items():
+            if key not in defaults:
+                raise ValueError(f"{where}: unknown key {key!r}{_suggest(key, defaults)} "
+                                 f"(every valid key is listed in {BASE_CONFIG})")
+            values[key] = _coerce(key, value, defaults[key], where)
+    for text in overrides:
+        key, value = _parse_override(text, defaults)
+        values[key] = _coerce(key, value, defaults[key], f"--set {text!r}")
+    _check_values(values, where if not overrides else f"{where} with --set {' '.join(overrides)}")
+    name = path.stem
+    if values["output"] is None:
+        values["output"] = str(Path("work_dirs") / name)
+    return Config(values, source=str(path), name=name)
+
+
+def derive(cfg: Mapping[str, Any], world_size: int) -> Derived:
+    """Global batch, optimizer steps per epoch, total and warm-up steps for ``world_size`` ranks."""
+    if world_size < 1:
+        raise ValueError(f"world_size = {world_size}; expected >= 1")
+    global_batch = cfg["batch_size"] * world_size
+    images_per_step = global_batch * cfg["gradient_acc"]
+    steps_per_epoch = cfg["num_image"] // global_batch // cfg["gradient_acc"]
+    if steps_per_epoch < 1:
+        raise ValueError(f"num_image = {cfg['num_image']} is smaller than one optimizer step of "
+                         f"batch_size {cfg['batch_size']} x world_size {world_size} x gradient_acc "
+                         f"{cfg['gradient_acc']} = {images_per_step} images; lower batch_size or gradient_acc")
+    total = cfg["max_steps"] if cfg["max_steps"] > 0 else cfg["num_epoch"] * steps_per_epoch
+    warmup = cfg["warmup_epoch"] * steps_per_epoch
+    if warmup > 0 and warmup >= total:
+        raise ValueError(f"warm-up of warmup_epoch = {cfg['warmup_epoch']} epochs ({warmup} steps) is not shorter "
+                         f"than the whole run ({total} steps: max_steps = {cfg['max_steps']}, num_epoch = "
+                         f"{cfg['num_epoch']}, {steps_per_epoch} steps per epoch)")
+    return Derived(world_size=world_size, global_batch_size=global_batch, images_per_step=images_per_step,
+                   steps_per_epoch=steps_per_epoch, total_steps=total, warmup_steps=warmup)
+
+
+def check_world(cfg: Mapping[str, Any], world_size: int) -> None:
+    """Raise ``ValueError`` when the classes cannot be split over ``world_size`` ranks (every rank needs >= 1)."""
+    if cfg["num_classes"] < world_size:
+        raise ValueError(f"num_classes = {cfg['num_classes']} is smaller than world_size = {world_size}; every rank "
+                         f"holds at least one class centre: use at most {cfg['num_classes']} ranks")
+
+
+def check_paths(cfg: Mapping[str, Any]) -> None:
+    """Raise ``ValueError`` when ``rec`` (unless "synthetic") or ``init_backbone`` do not exist."""
+    rec = cfg["rec"]
+    if rec != "synthetic":
+        path = Path(rec)
+        if not path.is_dir():
+            raise ValueError(f"rec = {rec!r}: no such folder; expected a folder holding train.rec and train.idx "
+                             f"(insightface RecordIO), a folder of identity folders, or 'synthetic'")
+        if (path / "train.rec").exists() != (path / "train.idx").exists():
+            missing = "train.idx" if (path / "train.rec").exists() else "train.rec"
+            raise ValueError(f"rec = {rec!r}: holds one of train.rec/train.idx but not {missing}")
+    init = cfg["init_backbone"]
+    if init is not None and not Path(init).is_file():
+        raise ValueError(f"init_backbone = {init!r}: no such file; expected a backbone state_dict (.pt/.pth)")
+    resume = cfg["resume"]
+    if isinstance(resume, str) and not Path(resume).is_dir():
+        raise ValueError(f"resume = {resume!r}: no such checkpoint directory; expected "
+                         f"<output>/checkpoints/step_<step>, or True for the newest one under output")
+
+
+def fingerprint(cfg: Mapping[str, Any]) -> str:
+    """A 16-hex-digit hash of the keys that change training results (all but ``FINGERPRINT_EXCLUDED``).
+
+    Two configurations with the same fingerprint train the same model step for step, so a checkpoint of one
+    may be resumed automatically by the other.
+    """
+    def plain(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in sorted(v.items())}
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        return v
+
+    relevant = {k: plain(v) for k, v in sorted(cfg.items()) if k not in FINGERPRINT_EXCLUDED}
+    blob = json.dumps(relevant, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _key_comments() -> dict[str, str]:
+    """The comment block right above each ``config.KEY = ...`` line of configs/base.py."""
+    comments: dict[str, str] = {}
+    block: list[str] = []
+    for line in BASE_CONFIG.read_text().splitlines():
+        stripped = line.strip()
+        if stripped.startswith("# ---"):
+            block = []
+        elif stripped.startswith("#"):
+            block.append(stripped.lstrip("#").strip())
+        elif stripped.startswith("config.") and "=" in stripped:
+            key = stripped[len("config."):].split("=", 1)[0].strip()
+            comments[key] = " ".join(block)
+            block = []
+        else:
+            block = []
+    return comments
+
+
+def keys_table() -> str:
+    """The configuration keys as a markdown table (key, default, meaning), rendered from configs/base.py."""
+    comments = _key_comments()
+    rows = ["| key | default | meaning |", "| --- | --- | --- |"]
+    for key, value in _base_defaults().items():
+        meaning = comments.get(key, "").replace("|", "\\|")
+        rows.append(f"| `{key}` | `{value!r}` | {meaning} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(keys_table())
