@@ -177,8 +177,14 @@ class IndexedRecordIO:
         return len(self._keys) if self.mode == "r" else len(self._wkeys)
 
     def __contains__(self, key: int) -> bool:
-        i = np.searchsorted(self._sorted_keys, key)
-        return bool(i < len(self._sorted_keys) and self._sorted_keys[i] == key)
+        return bool(self.has_keys(np.array([key], dtype=np.int64))[0])
+
+    def has_keys(self, keys: np.ndarray) -> np.ndarray:
+        """Boolean mask: which of ``keys`` are in the index (vectorised, for millions of keys)."""
+        if len(self._sorted_keys) == 0:
+            return np.zeros(len(keys), dtype=bool)
+        pos = np.minimum(np.searchsorted(self._sorted_keys, keys), len(self._sorted_keys) - 1)
+        return self._sorted_keys[pos] == keys
 
     def offset(self, key: int) -> int:
         """Byte offset of ``key``'s record in the ``.rec``; ``KeyError`` naming the index when absent."""
