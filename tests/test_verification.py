@@ -1,0 +1,223 @@
+"""eval.verification: reading `.bin` files safely, the published k-fold protocol, test(), the callback."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torchvision.io import encode_jpeg
+
+from conftest import FIXTURES
+from eval import verification as V
+from tests._dist import run_distributed
+
+TINY_BIN = FIXTURES / "bins" / "tiny.bin"
+
+
+def _jpegs(n: int, seed: int = 0, size: int = 112) -> list[bytes]:
+    g = torch.Generator().manual_seed(seed)
+    return [encode_jpeg(torch.randint(0, 256, (3, size, size), generator=g, dtype=torch.uint8), quality=90)
+            .numpy().tobytes() for _ in range(n)]
+
+
+# --- load_bin / save_bin -------------------------------------------------------------------------------
+
+def test_tiny_bin_matches_its_manifest():
+    manifest = json.loads((TINY_BIN.parent / "tiny.bin.json").read_text())
+    (images, flipped), issame = V.load_bin(TINY_BIN)
+    assert issame == manifest["issame"] and len(issame) == manifest["pairs"]
+    assert images.dtype == torch.uint8 and images.shape == (2 * manifest["pairs"], 3, 112, 112)
+    assert torch.equal(flipped, images.flip(3))
+    raw, _ = V._read_pickle(TINY_BIN)
+    assert [hashlib.sha256(bytes(b)).hexdigest() for b in raw] == manifest["sha256"]
+
+
+def test_save_bin_round_trip_and_resize(tmp_path):
+    jpegs = _jpegs(4, size=96)
+    V.save_bin(tmp_path / "x.bin", jpegs, [True, False])
+    assert [p.name for p in tmp_path.iterdir()] == ["x.bin"]  # no temporary left behind
+    (images, flipped), issame = V.load_bin(tmp_path / "x.bin", image_size=(112, 112))
+    assert issame == [True, False] and images.shape == (4, 3, 112, 112)
+    with pytest.raises(ValueError, match=r"3 images for 2 pairs"):
+        V.save_bin(tmp_path / "y.bin", jpegs[:3], [True, False])
+
+
+def _str(b: bytes) -> bytes:
+    """A Python-2 ``str`` as Python 2's pickler wrote it at protocol 2."""
+    return b"U" + bytes([len(b)]) + b if len(b) < 256 else b"T" + struct.pack("<i", len(b)) + b
+
+
+def _py2_uint8_array(payload: bytes) -> bytes:
+    """A numpy uint8 array as numpy under Python 2 pickled it (protocol 2, strings as BINSTRING)."""
+    dtype = (b"cnumpy\ndtype\n" + _str(b"u1") + b"K\x00K\x01\x87R"
+             + b"(K\x03" + _str(b"|") + b"NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00tb")
+    return (b"cnumpy.core.multiarray\n_reconstruct\ncnumpy\nndarray\nK\x00\x85" + _str(b"b") + b"\x87R"
+            + b"(K\x01" + struct.pack("<BI", ord("J"), len(payload)) + b"\x85" + dtype + b"\x89"
+            + _str(payload) + b"tb")
+
+
+def test_python2_pickle_with_binstrings_and_numpy_arrays_loads(tmp_path):
+    jpegs = _jpegs(4, seed=1)
+    items = [_str(jpegs[0]), _py2_uint8_array(jpegs[1]), _str(jpegs[2]), _py2_uint8_array(jpegs[3])]
+    data = b"\x80\x02(]q\x00(" + b"".join(items) + b"e]q\x01(\x88\x89et."
+    path = tmp_path / "py2.bin"
+    path.write_bytes(data)
+    (images, _), issame = V.load_bin(path)
+    assert issame == [True, False]
+    V.save_bin(tmp_path / "py3.bin", jpegs, [True, False])
+    (expected, _), _ = V.load_bin(tmp_path / "py3.bin")
+    assert torch.equal(images, expected)
+
+
+class _RunsCommand:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_pickle_that_would_run_a_command_is_refused(tmp_path):
+    marker = tmp_path / "pwned"
+    path = tmp_path / "evil.bin"
+    path.write_bytes(pickle.dumps(([_RunsCommand(marker), b"x"], [True]), protocol=2))
+    with pytest.raises(pickle.UnpicklingError, match=r"evil\.bin: refused global (posix|nt)\.system"):
+        V.load_bin(path)
+    assert not marker.exists()
+
+
+def test_codecs_encode_only_as_latin1(tmp_path):
+    path = tmp_path / "codec.bin"
+    # _codecs.encode("x", "rot13"): allowed global, but only as bytes' latin-1 spelling.
+    path.write_bytes(b"\x80\x02c_codecs\nencode\nX\x01\x00\x00\x00xX\x05\x00\x00\x00rot13\x86R.")
+    with pytest.raises(pickle.UnpicklingError, match=r"rot13"):
+        V.load_bin(path)
+
+
+def test_malformed_files_name_the_problem(tmp_path):
+    path = tmp_path / "bad.bin"
+    path.write_bytes(pickle.dumps(([b"abc", b"def"], [True])))
+    with pytest.raises(ValueError, match=r"bad\.bin: image 0 cannot be decoded"):
+        V.load_bin(path)
+    path.write_bytes(pickle.dumps(([b"abc"], [True])))
+    with pytest.raises(ValueError, match=r"bad\.bin: 1 images for 1 pairs"):
+        V.load_bin(path)
+    with pytest.raises(FileNotFoundError, match="missing.bin"):
+        V.load_bin(tmp_path / "missing.bin")
+
+
+# --- evaluate against a brute-force reference ----------------------------------------------------------
+
+def _brute_force(embeddings: np.ndarray, issame: list[bool], k: int = 10) -> tuple[list, float, float]:
+    """The published protocol written out with loops: fold bounds, per-pair distances, per-threshold counts."""
+    n = len(issame)
+    sizes = [n // k + (1 if f < n % k else 0) for f in range(k)]
+    bounds = np.cumsum([0] + sizes)
+    dist = []
+    for i in range(n):
+        a, b = embeddings[2 * i], embeddings[2 * i + 1]
+        a = a / np.sqrt(sum(x * x for x in a))
+        b = b / np.sqrt(sum(x * x for x in b))
+        dist.append(sum((x - y) ** 2 for x, y in zip(a, b)))
+
+    def counts(t, idx):
+        tp = sum(1 for i in idx if dist[i] < t and issame[i])
+        fp = sum(1 for i in idx if dist[i] < t and not issame[i])
+        pos = sum(1 for i in idx if issame[i])
+        return tp, fp, pos, len(idx) - pos
+
+    accuracies, vals, fars = [], [], []
+    for f in range(k):
+        test_idx = list(range(bounds[f], bounds[f + 1]))
+        train_idx = [i for i in range(n) if not bounds[f] <= i < bounds[f + 1]]
+        best_acc, best_t = -1.0, None
+        for t in np.arange(0, 4, 0.01):
+            tp, fp, pos, neg = counts(t, train_idx)
+            acc = (tp + neg - fp) / len(train_idx)
+            if acc > best_acc:
+                best_acc, best_t = acc, t
+        tp, fp, pos, neg = counts(best_t, test_idx)
+        accuracies.append((tp + neg - fp) / len(test_idx))
+        grid = np.arange(0, 4, 0.001)
+        far_train = []
+        for t in grid:
+            tp, fp, pos, neg = counts(t, train_idx)
+            far_train.append(fp / neg)
+        if max(far_train) >= 1e-3:
+            j = max(i for i in range(len(grid)) if far_train[i] <= 1e-3)  # last knot at or below the target
+            slope = (grid[j + 1] - grid[j]) / (far_train[j + 1] - far_train[j])
+            threshold = slope * (1e-3 - far_train[j]) + grid[j]
+        else:
+            threshold = 0.0
+        tp, fp, pos, neg = counts(threshold, test_idx)
+        vals.append(tp / pos)
+        fars.append(fp / neg)
+    return accuracies, float(np.mean(vals)), float(np.mean(fars))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_evaluate_equals_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    pairs = 73  # folds of 8 and 7 pairs: the uneven split has to match too
+    issame = list(rng.random(pairs) < 0.5)
+    emb = rng.normal(size=(2 * pairs, 6))
+    for i, same in enumerate(issame):
+        if same:
+            emb[2 * i + 1] = emb[2 * i] + 0.6 * rng.normal(size=6)
+    tpr, fpr, accuracy, val, val_std, far = V.evaluate(emb, issame)
+    ref_acc, ref_val, ref_far = _brute_force(emb, issame)
+    assert list(accuracy) == ref_acc
+    assert (val, far) == (ref_val, ref_far)
+    assert 0.5 < np.mean(accuracy) < 1.0  # the data is neither trivial nor random
+    assert tpr.shape == fpr.shape == (400,)
+
+
+def test_evaluate_with_pca_and_bad_shapes():
+    rng = np.random.default_rng(0)
+    emb = rng.normal(size=(40, 8))
+    _, _, accuracy, *_ = V.evaluate(emb, [True, False] * 10, nrof_folds=5, pca=3)
+    assert accuracy.shape == (5,) and np.all((0 <= accuracy) & (accuracy <= 1))
+    with pytest.raises(ValueError, match=r"shape \(40, 8\) for 21 pairs"):
+        V.evaluate(emb, [True] * 21)
+
+
+# --- test() --------------------------------------------------------------------------------------------
+
+class _Recorder(nn.Module):
+    """Embeds by average pooling; records what it was given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(3 * 4 * 4, 5)
+        self.inputs: list[tuple[torch.dtype, float, float, int, bool]] = []
+
+    def forward(self, x):
+        self.inputs.append((x.dtype, float(x.min()), float(x.max()), x.shape[0], torch.is_grad_enabled()))
+        return self.proj(nn.functional.adaptive_avg_pool2d(x, 4).flatten(1))
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_test_restores_mode_and_feeds_normalised_batches(training):
+    data = V.load_bin(TINY_BIN)
+    net = _Recorder().train(training)
+    result = V.test(data, net, batch_size=6, nfolds=2)
+    assert net.training is training
+    assert [b for *_, b, _ in net.inputs] == [6, 6, 4, 6, 6, 4]  # batch by batch, both copies
+    assert all(dtype == torch.float32 and -1 <= lo and hi <= 1 and not grad
+               for dtype, lo, hi, _, grad in net.inputs)
+    assert result["pairs"] == 8
+    for key in ("acc", "acc_std", "acc_noflip", "val", "val_std", "far", "xnorm", "threshold"):
+        assert isinstance(result[key], float), key
+    # flip: the sum of both copies' embeddings; no-flip: the original only
+    with torch.no_grad():
+        net.eval()
+        orig = V.embed(data[0][0], net, 4)
+    _, _, acc_noflip, *_ = V.evaluate(orig, data[1], nrof_folds=2)
+    assert result["acc_noflip"] == float(acc_noflip.mean())
