@@ -1,0 +1,155 @@
+"""MobileFaceNet (Chen et al., 2018, https://arxiv.org/abs/1804.07573) in the configuration insightface
+calls ``mbf``: width scale 2, residual blocks (1, 4, 6, 2); with a 512-d embedding 2.06 M parameters and
+0.44 GMACs at 112×112 (the paper's 0.99 M / 0.22 GMACs is its 128-d, narrower configuration).
+
+Inverted-residual bottlenecks (1×1 expand → PReLU → depthwise 3×3 → PReLU → 1×1 linear projection, with
+an identity shortcut when shapes match), a 1×1 conv to 512 channels, and a global depthwise conv (GDC)
+head: 7×7 depthwise conv → flatten → linear → BatchNorm1d. Module attribute names give the state_dict
+keys of insightface's ``mbf`` files (``layers.N.…``, ``conv_sep.…``, ``features.layers.{0,2,3}.…``).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .checkpointing import maybe_checkpoint
+from .registry import register_model
+
+__all__ = ["MobileFaceNet", "mbf"]
+
+_TOTAL_STRIDE = 16
+
+
+class _ConvUnit(nn.Module):
+    """conv (no bias) → BN → optional per-channel PReLU, held in ``self.layers`` (keys ``layers.0/1/2``)."""
+
+    def __init__(self, in_ch: int, out_ch: int, kernel: int, stride: int = 1, padding: int = 0,
+                 groups: int = 1, act: bool = True) -> None:
+        super().__init__()
+        units: list[nn.Module] = [
+            nn.Conv2d(in_ch, out_ch, kernel, stride=stride, padding=padding, groups=groups, bias=False),
+            nn.BatchNorm2d(out_ch),
+        ]
+        if act:
+            units.append(nn.PReLU(out_ch))
+        self.layers = nn.Sequential(*units)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+class _Bottleneck(nn.Module):
+    """Inverted residual: expand 1×1 → depthwise 3×3 (stride) → linear 1×1 projection (+ identity)."""
+
+    def __init__(self, in_ch: int, out_ch: int, hidden: int, stride: int, residual: bool) -> None:
+        super().__init__()
+        if residual and (stride != 1 or in_ch != out_ch):
+            raise ValueError(f"_Bottleneck: a residual block needs stride 1 and in_ch == out_ch, "
+                             f"got stride={stride}, {in_ch} -> {out_ch}")
+        self.residual = residual
+        self.layers = nn.Sequential(
+            _ConvUnit(in_ch, hidden, 1),
+            _ConvUnit(hidden, hidden, 3, stride=stride, padding=1, groups=hidden),
+            _ConvUnit(hidden, out_ch, 1, act=False),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.layers(x)  # (N, out_ch, H/stride, W/stride)
+        return x + out if self.residual else out
+
+
+class _ResidualStage(nn.Module):
+    """``n`` residual bottlenecks at constant width, held in ``self.layers``."""
+
+    def __init__(self, ch: int, hidden: int, n: int) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(*(_Bottleneck(ch, ch, hidden, 1, residual=True) for _ in range(n)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+class _GDCHead(nn.Module):
+    """Global depthwise conv head; ``layers.1`` (flatten + dropout) has no parameters, as in the
+    official layout, so the keys stay ``layers.0`` (depthwise conv + BN), ``layers.2`` (linear) and
+    ``layers.3`` (BatchNorm1d)."""
+
+    def __init__(self, ch: int, side: int, num_features: int, dropout: float) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(
+            _ConvUnit(ch, ch, side, groups=ch, act=False),  # (N, ch, 1, 1)
+            nn.Sequential(nn.Flatten(1), nn.Dropout(p=dropout)),  # (N, ch)
+            nn.Linear(ch, num_features, bias=False),
+            nn.BatchNorm1d(num_features),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+class MobileFaceNet(nn.Module):
+    """MobileFaceNet mapping (N, 3, input_size, input_size) images to (N, num_features).
+
+    ``stages`` lists, for each of the three down-sampling steps, ``(out_ch, down_hidden, res_hidden,
+    n_residual)``: a stride-2 bottleneck to ``out_ch`` with ``down_hidden`` expanded channels, followed
+    by ``n_residual`` residual bottlenecks with ``res_hidden`` expanded channels.
+    """
+
+    def __init__(
+        self,
+        stem_ch: int,
+        stem_groups: int,
+        stages: tuple[tuple[int, int, int, int], ...],
+        num_features: int = 512,
+        dropout: float = 0.0,
+        input_size: int = 112,
+        activation_checkpointing: bool = False,
+        sep_ch: int = 512,
+    ) -> None:
+        super().__init__()
+        if input_size < _TOTAL_STRIDE or input_size % _TOTAL_STRIDE:
+            raise ValueError(f"MobileFaceNet: input_size must be a positive multiple of {_TOTAL_STRIDE}, "
+                             f"got {input_size}")
+        self.activation_checkpointing = activation_checkpointing
+        body: list[nn.Module] = [
+            _ConvUnit(3, stem_ch, 3, stride=2, padding=1),
+            _ConvUnit(stem_ch, stem_ch, 3, padding=1, groups=stem_groups),
+        ]
+        in_ch = stem_ch
+        for out_ch, down_hidden, res_hidden, n_res in stages:
+            body.append(_Bottleneck(in_ch, out_ch, down_hidden, stride=2, residual=False))
+            body.append(_ResidualStage(out_ch, res_hidden, n_res))
+            in_ch = out_ch
+        self.layers = nn.Sequential(*body)
+        self.conv_sep = _ConvUnit(in_ch, sep_ch, 1)
+        self.features = _GDCHead(sep_ch, input_size // _TOTAL_STRIDE, num_features, dropout)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        for m in self.modules():
+            if isinstance(m, (nn.Conv2d, nn.Linear)):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(m, nn.BatchNorm2d):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for unit in self.layers:
+            x = maybe_checkpoint(unit, x, self.activation_checkpointing)  # (N, C, H', W')
+        x = self.conv_sep(x)  # (N, sep_ch, H/16, W/16)
+        return self.features(x)  # (N, num_features)
+
+
+@register_model
+def mbf(num_features: int = 512, dropout: float = 0.0, input_size: int = 112,
+        activation_checkpointing: bool = False) -> MobileFaceNet:
+    """insightface's ``mbf``: scale 2, residual blocks (1, 4, 6, 2)."""
+    return MobileFaceNet(
+        stem_ch=128,
+        stem_groups=64,
+        stages=((128, 128, 128, 4), (256, 256, 256, 6), (256, 512, 256, 2)),
+        num_features=num_features,
+        dropout=dropout,
+        input_size=input_size,
+        activation_checkpointing=activation_checkpointing,
+    )
