@@ -1,0 +1,186 @@
+"""dataset.py: fixture reading, label checks, errors, sampler coverage/resumption, loader with workers."""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import FIXTURES
+from PIL import Image
+
+from dataset import (FaceSampler, ImageFolderDataset, MXFaceDataset, SyntheticDataset, build_dataset,
+                     get_dataloader)
+from utils.recordio import IndexedRecordIO, IRHeader, RecordIOError, pack, write_insightface_rec
+
+LAYOUTS = ["rec_insightface", "rec_insightface_vector_label", "rec_im2rec"]
+
+
+def _jpeg(seed: int, size=(112, 112), fmt="JPEG") -> bytes:
+    arr = np.random.default_rng(seed).integers(0, 256, (size[0], size[1], 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, fmt, quality=90) if fmt == "JPEG" else Image.fromarray(arr).save(buf, fmt)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_fixture_through_dataset(layout):
+    manifest = json.loads((FIXTURES / layout / "manifest.json").read_text())
+    ds = MXFaceDataset(FIXTURES / layout)
+    assert ds.layout == manifest["layout"]
+    assert len(ds) == manifest["num_images"] and ds.num_classes == manifest["num_classes"]
+    assert ds.keys.tolist() == [r["key"] for r in manifest["records"]]
+    for i, entry in enumerate(manifest["records"]):
+        payload, label, where = ds.raw(i)
+        assert hashlib.sha256(payload).hexdigest() == entry["payload_sha256"] and label == entry["label"]
+        img, lab = ds[i]
+        assert img.dtype == torch.uint8 and img.shape == (3, 112, 112)
+        assert lab.dtype == torch.int64 and int(lab) == entry["label"]
+
+
+def test_num_classes_below_header_fails_at_open():
+    with pytest.raises(ValueError, match=r"header record \(key 0\) says 6 classes .* num_classes=5"):
+        MXFaceDataset(FIXTURES / "rec_insightface", num_classes=5)
+    assert MXFaceDataset(FIXTURES / "rec_insightface", num_classes=8).num_classes == 8
+
+
+def _im2rec(tmp_path, labels, images=None, prop=None):
+    with IndexedRecordIO(tmp_path / "train.idx", tmp_path / "train.rec", "w") as w:
+        for k, label in enumerate(labels):
+            w.write_idx(k, pack(IRHeader(0, float(label), k, 0), images[k] if images else _jpeg(k)))
+    if prop:
+        (tmp_path / "property").write_text(prop)
+    return tmp_path
+
+
+def test_label_out_of_range_fails_when_read(tmp_path):
+    ds = MXFaceDataset(_im2rec(tmp_path, [0, 1, 2], prop="2,112,112"))
+    assert int(ds[1][1]) == 1
+    with pytest.raises(ValueError, match=r"train.rec \(key 2\): label 2 is out of range for num_classes=2"):
+        ds[2]
+
+
+def test_undecodable_image_names_file_and_key(tmp_path):
+    ds = MXFaceDataset(_im2rec(tmp_path, [0, 1], images=[_jpeg(0), b"\xff\xd8not a jpeg"]))
+    with pytest.raises(ValueError, match=r"train.rec \(key 1\): cannot decode image"):
+        ds[1]
+
+
+def test_wrong_size_and_png(tmp_path):
+    ds = MXFaceDataset(_im2rec(tmp_path, [0, 1], images=[_jpeg(0, fmt="PNG"), _jpeg(1, size=(64, 64))]))
+    arr = np.array(Image.open(io.BytesIO(_jpeg(0, fmt="PNG"))))
+    assert torch.equal(ds[0][0], torch.from_numpy(arr).permute(2, 0, 1))  # PNG is lossless
+    with pytest.raises(ValueError, match=r"\(key 1\): image is 64x64 \(HxW\), expected 112x112"):
+        ds[1]
+
+
+def test_offsets_past_end_fail_at_open(tmp_path):
+    _im2rec(tmp_path, [0, 1])
+    with open(tmp_path / "train.idx", "a") as f:
+        f.write("7\t123456789\n")
+    with pytest.raises(RecordIOError, match=r"1 index offsets are past the end .*\(7, 123456789\)"):
+        MXFaceDataset(tmp_path)
+
+
+def test_build_dataset_paths(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"nowhere does not exist; expected 'synthetic', a folder with "
+                                                r"train.rec"):
+        build_dataset(str(tmp_path / "nowhere"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="is neither"):
+        build_dataset(str(tmp_path / "empty"))
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "train.rec").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match=r"half: missing train.idx"):
+        build_dataset(str(tmp_path / "half"))
+    assert isinstance(build_dataset(str(FIXTURES / "rec_insightface")), MXFaceDataset)
+    syn = build_dataset("synthetic", num_classes=3, image_size=(8, 8), seed=1)
+    assert isinstance(syn, SyntheticDataset) and len(syn) == 30
+    with pytest.raises(ValueError, match="needs num_classes"):
+        build_dataset("synthetic")
+
+
+def test_image_folder(tmp_path):
+    for name, n in (("bob", 2), ("alice", 1)):
+        (tmp_path / name).mkdir()
+        for i in range(n):
+            (tmp_path / name / f"{i}.jpg").write_bytes(_jpeg(i))
+    (tmp_path / "alice" / "notes.txt").write_text("ignored")
+    ds = build_dataset(str(tmp_path))
+    assert isinstance(ds, ImageFolderDataset) and ds.classes == ["alice", "bob"] and ds.num_classes == 2
+    assert [int(ds[i][1]) for i in range(len(ds))] == [0, 1, 1]
+
+
+def test_synthetic_is_deterministic():
+    a, b = SyntheticDataset(5, 20, (8, 8), seed=3), SyntheticDataset(5, 20, (8, 8), seed=3)
+    assert torch.equal(a[7][0], b[7][0]) and int(a[7][1]) == 2
+    assert not torch.equal(a[7][0], SyntheticDataset(5, 20, (8, 8), seed=4)[7][0])
+
+
+def _epoch(n, bs, ws, seed, epoch, start_step=0):
+    out = []
+    for r in range(ws):
+        s = FaceSampler(n, bs, r, ws, seed)
+        s.set_epoch(epoch, start_step)
+        out.append(list(s))
+    return out
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_sampler_covers_each_index_once_and_equal_batches(world_size):
+    n, bs = 47, 4
+    per_rank = _epoch(n, bs, world_size, seed=5, epoch=2)
+    assert len({len(p) for p in per_rank}) == 1  # every rank the same number of samples (whole batches)
+    assert len(per_rank[0]) == (n // world_size) // bs * bs
+    seen = [i for p in per_rank for i, _ in p]
+    assert len(seen) == len(set(seen))  # no index twice within an epoch
+    # Without drop_last every index is seen (padding wraps around) and the ranks stay equal.
+    full = []
+    for r in range(world_size):
+        s = FaceSampler(n, bs, r, world_size, 5, drop_last=False)
+        s.set_epoch(2)
+        full.append([i for i, _ in s])
+    assert len({len(p) for p in full}) == 1 and set(i for p in full for i in p) == set(range(n))
+    # Flips are a function of (seed, epoch, index): the same whatever the world size.
+    flips = {i: f for p in per_rank for i, f in p}
+    ref = dict(_epoch(n, 1, 1, seed=5, epoch=2)[0])
+    assert all(ref[i] == f for i, f in flips.items())
+
+
+def test_sampler_reshuffles_per_epoch_and_resumes_exactly():
+    a, b = _epoch(40, 4, 2, 0, 0), _epoch(40, 4, 2, 0, 1)
+    assert a != b and a == _epoch(40, 4, 2, 0, 0)
+    resumed = _epoch(40, 4, 2, 0, 1, start_step=3)
+    assert all(r == full[3 * 4:] for r, full in zip(resumed, b))
+    with pytest.raises(ValueError, match=r"start_step 6 outside \[0, 5\]"):
+        FaceSampler(40, 4, 0, 2, 0).set_epoch(0, 6)
+    with pytest.raises(ValueError, match="no full batch"):
+        FaceSampler(5, 4, 0, 2, 0)
+
+
+@pytest.mark.timeout(60)
+def test_loader_workers_resume_and_flips(tmp_path):
+    """2 forked workers give the same normalised batches as none, resumed mid-epoch too."""
+    ds = MXFaceDataset(FIXTURES / "rec_insightface")
+    kw = dict(rank=1, world_size=2, seed=7, device="cpu")
+    plain = get_dataloader(ds, 4, num_workers=0, **kw)
+    workers = get_dataloader(ds, 4, num_workers=2, **kw)
+    assert len(plain) == 3  # 30 // 2 // 4
+    plain.set_epoch(1)
+    ref = list(plain)
+    workers.set_epoch(1, start_step=1)
+    got = list(workers)
+    assert len(ref) == 3 and len(got) == 2
+    for (x0, y0), (x1, y1) in zip(ref[1:], got):
+        assert x1.dtype == torch.float32 and x1.shape == (4, 3, 112, 112)
+        assert torch.equal(x0, x1) and torch.equal(y0, y1)
+    # The batch equals the dataset's images, normalised and flipped where the sampler said so.
+    sampler = plain.sampler
+    indices, flips = sampler.epoch_plan()
+    for j in range(4):
+        img = ds[int(indices[4 + j])][0]
+        img = img.flip(-1) if flips[4 + j] else img
+        assert torch.equal(ref[1][0][j], (img.float() - 127.5) / 127.5)
+    assert int(flips.sum()) not in (0, len(flips))  # some flipped, some not
