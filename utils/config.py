@@ -377,10 +377,10 @@ def _parse_override(text: str, defaults: Mapping[str, Any]) -> tuple[str, Any]:
             value = ast.literal_eval(raw.strip())
         elif isinstance(default, (list, tuple)):
             stripped = raw.strip()
-            if stripped[:1] in "[(":
-                value = ast.literal_eval(stripped)
-            elif not stripped:
+            if not stripped:
                 value = ()
+            elif stripped[0] in "[(":
+                value = ast.literal_eval(stripped)
             else:
                 inner = default[0] if default else ""
                 value = tuple(_parse_scalar(part, inner, "") for part in stripped.split(","))

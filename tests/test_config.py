@@ -1,0 +1,294 @@
+"""utils.config: loading, rejection of bad keys/types/values, --set parsing, derive, fingerprint, keys table."""
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+
+from utils.config import (BASE_CONFIG, CONFIG_DIR, FINGERPRINT_EXCLUDED, Config, _base_defaults, _RULES,
+                          check_paths, check_world, derive, fingerprint, keys_table, load_config)
+
+SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("*.py") if p.stem != "__init__")
+
+
+def write_cfg(tmp_path: Path, body: str, name: str = "exp") -> str:
+    path = tmp_path / f"{name}.py"
+    path.write_text("from easydict import EasyDict as edict\nconfig = edict()\n" + body)
+    return str(path)
+
+
+# ------------------------------------------------------------------------------ shipped configs
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_config_loads(name):
+    cfg = load_config(f"configs/{name}")
+    assert cfg.name == name
+    assert set(cfg) == set(_base_defaults())
+    d = derive(cfg, 1 if name == "debug_cpu" else 8)
+    assert d.total_steps > d.warmup_steps >= 0
+
+
+def test_recipes_match_published_values():
+    ms1mv3 = load_config("configs/ms1mv3_r50")
+    assert (ms1mv3.lr, ms1mv3.num_classes, ms1mv3.num_image, ms1mv3.num_epoch, ms1mv3.warmup_epoch) == \
+        (0.2, 93431, 5179510, 25, 2)
+    assert ms1mv3.fp16 and ms1mv3.margin_list == (1.0, 0.5, 0.0)
+    glint = load_config("configs/glint360k_r100")
+    assert glint.margin_list == (1.0, 0.0, 0.4) and glint.network == "r100" and glint.num_classes == 360232
+    wf = load_config("configs/wf42m_pfc02_r100")
+    assert wf.sample_rate == 0.2 and wf.num_classes == 2059906 and wf.verbose == 10000
+
+
+def test_name_forms_resolve_to_same_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # repository-relative lookup must not depend on the working directory
+    a = load_config("configs/ms1mv2_r50")
+    b = load_config("configs/ms1mv2_r50.py")
+    c = load_config("ms1mv2_r50")
+    assert a == b == c and a.source == b.source == str(CONFIG_DIR / "ms1mv2_r50.py")
+
+
+def test_missing_config_suggests_name():
+    with pytest.raises(ValueError, match=r"configs/ms1mv3_r50\?"):
+        load_config("configs/ms1mv3_r5O")
+
+
+def test_debug_cpu_is_tiny_and_cpu():
+    cfg = load_config("configs/debug_cpu")
+    assert cfg.network == "tiny" and cfg.network_kwargs == {"widths": (8, 16, 16, 32)}
+    assert cfg.rec == "synthetic" and cfg.device == "cpu" and cfg.batch_size == 8 and cfg.sample_rate == 0.5
+    assert cfg.output == "work_dirs/debug_cpu" and cfg.save_every_steps == 5 and 0 < cfg.max_steps <= 60
+
+
+def test_output_none_resolves_like_arcface_torch(tmp_path):
+    cfg = load_config(write_cfg(tmp_path, "config.output = None\n", name="my_exp"))
+    assert cfg.output == str(Path("work_dirs") / "my_exp")
+
+
+def test_base_comment_for_every_key():
+    table = keys_table()
+    for key in _base_defaults():
+        row = next(line for line in table.splitlines() if line.startswith(f"| `{key}` |"))
+        assert len(row.split("|")[3].strip()) > 10, f"{key} has no comment in {BASE_CONFIG}"
+
+
+def test_every_rule_names_a_base_key():
+    assert set(_RULES) <= set(_base_defaults())
+
+
+# ------------------------------------------------------------------------------ rejection
+
+def test_unknown_key_names_file_and_suggests(tmp_path):
+    path = write_cfg(tmp_path, "config.lerning_rate = 0.1\nconfig.num_clases = 10\n")
+    with pytest.raises(ValueError) as err:
+        load_config(path)
+    msg = str(err.value)
+    assert path in msg and "'lerning_rate'" in msg
+
+
+def test_unknown_key_suggestion(tmp_path):
+    with pytest.raises(ValueError, match=r"'num_clases'.*did you mean 'num_classes'"):
+        load_config(write_cfg(tmp_path, "config.num_clases = 10\n"))
+
+
+@pytest.mark.parametrize("body,needle", [
+    ("config.batch_size = 12.5\n", "batch_size"),
+    ("config.batch_size = True\n", "batch_size"),  # bool is not an int here
+    ("config.lr = '0.1'\n", "lr"),
+    ("config.fp16 = 1\n", "fp16"),
+    ("config.margin_list = 0.5\n", "margin_list"),
+    ("config.margin_list = (1.0, 'a', 0.0)\n", r"margin_list\[1\]"),
+    ("config.network_kwargs = [1, 2]\n", "network_kwargs"),
+    ("config.output = 3\n", "output"),
+    ("config.resume = 1\n", "resume"),
+])
+def test_wrong_type(tmp_path, body, needle):
+    with pytest.raises(ValueError, match=needle + r".*expected"):
+        load_config(write_cfg(tmp_path, body))
+
+
+def test_int_accepted_for_float(tmp_path):
+    cfg = load_config(write_cfg(tmp_path, "config.lr = 1\nconfig.sample_rate = 1\n"))
+    assert isinstance(cfg.lr, float) and cfg.lr == 1.0 and isinstance(cfg.sample_rate, float)
+
+
+@pytest.mark.parametrize("body,needle", [
+    ("config.sample_rate = 0.0\n", r"sample_rate = 0\.0 .*\(0, 1\]"),
+    ("config.sample_rate = 1.5\n", r"sample_rate = 1\.5 .*\(0, 1\]"),
+    ("config.batch_size = 0\n", r"batch_size = 0 .*>= 1"),
+    ("config.lr = 0\n", r"lr = 0\.0 .*> 0"),
+    ("config.lr = -0.1\n", r"lr = -0\.1 .*> 0"),
+    ("config.num_classes = 0\n", r"num_classes = 0 .*>= 1"),
+    ("config.embedding_size = 0\n", r"embedding_size = 0 .*>= 1"),
+    ("config.gradient_acc = 0\n", r"gradient_acc = 0 .*>= 1"),
+    ("config.margin_list = (1.0, 0.5)\n", r"margin_list = \(1\.0, 0\.5\) .*3 finite numbers"),
+    ("config.margin_list = (1.0, -0.5, 0.0)\n", r"margin_list .*m2 >= 0"),
+    ("config.optimizer = 'adam'\n", r"optimizer = 'adam' .*'sgd' or 'adamw'"),
+    ("config.fp16 = True\nconfig.bf16 = True\n", r"fp16 = True and bf16 = True"),
+    ("config.device = 'gpu'\n", r"device = 'gpu' .*'auto', 'cpu' or 'cuda'"),
+    ("config.keep_checkpoints = 0\n", r"keep_checkpoints = 0 .*>= 1"),
+    ("config.num_epoch = 0\n", r"num_epoch = 0 and max_steps = 0"),
+    ("config.margin_gradient = 'approx'\n", r"margin_gradient = 'approx'"),
+    ("config.interclass_filtering_threshold = 1.0\n", r"interclass_filtering_threshold = 1\.0 .*\[0, 1\)"),
+    ("config.momentum = 1.0\n", r"momentum = 1\.0"),
+    ("config.weight_decay = -1e-4\n", r"weight_decay"),
+    ("config.clip_grad_norm = -1\n", r"clip_grad_norm"),
+    ("config.dali = True\n", r"dali = True .*not supported"),
+    ("config.max_nonfinite_steps = 0\n", r"max_nonfinite_steps = 0"),
+    ("config.warmup_epoch = -1\n", r"warmup_epoch = -1"),
+])
+def test_impossible_values(tmp_path, body, needle):
+    path = write_cfg(tmp_path, body)
+    with pytest.raises(ValueError, match=needle) as err:
+        load_config(path)
+    assert path in str(err.value)
+
+
+def test_max_steps_allows_zero_epochs(tmp_path):
+    cfg = load_config(write_cfg(tmp_path, "config.num_epoch = 0\nconfig.max_steps = 7\n"))
+    assert derive(cfg, 1).total_steps == 7
+
+
+def test_config_without_config_object(tmp_path):
+    path = tmp_path / "empty.py"
+    path.write_text("x = 1\n")
+    with pytest.raises(ValueError, match="defines no `config`"):
+        load_config(str(path))
+
+
+# ------------------------------------------------------------------------------ --set
+
+def test_set_repeated_and_multiple():
+    cfg = load_config("configs/debug_cpu", ["lr=0.5", "batch_size=4", "lr=0.25", "seed=7"])
+    assert (cfg.lr, cfg.batch_size, cfg.seed) == (0.25, 4, 7)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("true", True), ("False", False), ("1", True), ("0", False), ("yes", True), ("no", False)])
+def test_set_bool(text, expected):
+    assert load_config("configs/debug_cpu", [f"fp16={text}"]).fp16 is expected
+
+
+def test_set_tuple_forms():
+    assert load_config("configs/debug_cpu", ["margin_list=1.0,0.0,0.4"]).margin_list == (1.0, 0.0, 0.4)
+    assert load_config("configs/debug_cpu", ["margin_list=(1, 0.5, 0)"]).margin_list == (1.0, 0.5, 0.0)
+    assert load_config("configs/debug_cpu", ["val_targets=lfw,cfp_fp"]).val_targets == ("lfw", "cfp_fp")
+    assert load_config("configs/debug_cpu", ["val_targets=['lfw']"]).val_targets == ("lfw",)
+    assert load_config("configs/debug_cpu", ["val_targets="]).val_targets == ()
+
+
+def test_set_none_dict_and_strings():
+    cfg = load_config("configs/debug_cpu", ["init_backbone=/x/model.pt", "init_backbone=none",
+                                            "network_kwargs={'widths': (4, 8, 8, 16)}", "rec=/data/ms1m"])
+    assert cfg.init_backbone is None and cfg.network_kwargs == {"widths": (4, 8, 8, 16)} and cfg.rec == "/data/ms1m"
+    assert load_config("configs/debug_cpu", ["output=null"]).output == str(Path("work_dirs") / "debug_cpu")
+    assert load_config("configs/debug_cpu", ["resume=true"]).resume is True
+    assert load_config("configs/debug_cpu", ["resume=/ck/step_000000010"]).resume == "/ck/step_000000010"
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("lerning_rate=0.1", r"--set 'lerning_rate=0.1': unknown key 'lerning_rate'"),
+    ("batch_size=abc", r"batch_size=abc.*cannot parse 'abc' as int"),
+    ("fp16=maybe", r"fp16=maybe.*cannot parse"),
+    ("lr", r"expected KEY=VALUE"),
+    ("margin_list=(1,", r"margin_list"),
+    ("batch_size=0", r"batch_size = 0 .*>= 1"),
+    ("batch_size=1.5", r"cannot parse '1.5' as int"),
+])
+def test_set_errors_name_the_override(text, needle):
+    with pytest.raises(ValueError, match=needle):
+        load_config("configs/debug_cpu", [text])
+
+
+def test_set_unknown_key_suggests():
+    with pytest.raises(ValueError, match=r"did you mean 'sample_rate'"):
+        load_config("configs/debug_cpu", ["sample_rat=0.3"])
+
+
+# ------------------------------------------------------------------------------ Config object
+
+def test_config_is_read_only_and_picklable():
+    cfg = load_config("configs/debug_cpu")
+    with pytest.raises(AttributeError, match="read-only"):
+        cfg.lr = 1.0
+    with pytest.raises(TypeError):
+        cfg["lr"] = 1.0  # type: ignore[index]
+    with pytest.raises(TypeError, match="read-only"):
+        cfg.network_kwargs["widths"] = (1,)
+    with pytest.raises(AttributeError, match="did you mean 'batch_size'"):
+        _ = cfg.batch_sise
+    again = pickle.loads(pickle.dumps(cfg))
+    assert again == cfg and again.name == "debug_cpu" and isinstance(again, Config)
+    plain = cfg.to_dict()
+    plain["network_kwargs"]["widths"] = (1,)  # a copy: the config does not change
+    assert cfg.network_kwargs["widths"] == (8, 16, 16, 32)
+    assert cfg["lr"] == cfg.lr and "lr" in cfg and len(cfg) == len(_base_defaults())
+
+
+def test_str_lists_every_key_and_marks_changes():
+    text = str(load_config("configs/debug_cpu"))
+    lines = text.splitlines()
+    assert len(lines) == len(_base_defaults()) + 1
+    assert any(line.startswith(" * network ") and "'tiny'" in line for line in lines)
+    assert any(line.startswith("   optimizer ") for line in lines)
+
+
+# ------------------------------------------------------------------------------ derive / world / paths
+
+def test_derive_counts_optimizer_steps(tmp_path):
+    cfg = load_config(write_cfg(tmp_path, "config.num_image = 1000\nconfig.batch_size = 10\nconfig.num_epoch = 3\n"
+                                          "config.warmup_epoch = 1\nconfig.gradient_acc = 2\n"))
+    d = derive(cfg, 4)
+    assert (d.global_batch_size, d.images_per_step, d.steps_per_epoch, d.total_steps, d.warmup_steps) == \
+        (40, 80, 12, 36, 12)  # 1000 // 40 = 25 micro-steps -> 12 optimizer steps per epoch
+    assert derive(cfg, 1).steps_per_epoch == 50
+    with pytest.raises(AttributeError):
+        cfg.total_steps  # derived values never appear in the config
+
+
+def test_derive_max_steps_and_errors(tmp_path):
+    cfg = load_config(write_cfg(tmp_path, "config.num_image = 100\nconfig.batch_size = 10\nconfig.max_steps = 4\n"
+                                          "config.warmup_epoch = 1\n"))
+    with pytest.raises(ValueError, match=r"warm-up .*10 steps.*4 steps"):
+        derive(cfg, 1)
+    small = load_config(write_cfg(tmp_path, "config.num_image = 100\nconfig.batch_size = 10\n", name="small"))
+    with pytest.raises(ValueError, match=r"num_image = 100 .*batch_size 10 x world_size 16"):
+        derive(small, 16)
+
+
+def test_check_world():
+    cfg = load_config("configs/debug_cpu")
+    check_world(cfg, 64)
+    with pytest.raises(ValueError, match=r"num_classes = 64 .*world_size = 65"):
+        check_world(cfg, 65)
+
+
+def test_check_paths(tmp_path):
+    check_paths(load_config("configs/debug_cpu"))
+    missing = tmp_path / "nope"
+    with pytest.raises(ValueError, match=r"rec = '.*nope': no such folder; expected a folder holding train.rec"):
+        check_paths(load_config("configs/debug_cpu", [f"rec={missing}"]))
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "train.rec").write_bytes(b"")
+    with pytest.raises(ValueError, match="not train.idx"):
+        check_paths(load_config("configs/debug_cpu", [f"rec={tmp_path / 'half'}"]))
+    with pytest.raises(ValueError, match="init_backbone = .*no such file"):
+        check_paths(load_config("configs/debug_cpu", [f"init_backbone={missing}.pt"]))
+
+
+# ------------------------------------------------------------------------------ fingerprint
+
+def test_fingerprint_stable_and_selective(tmp_path):
+    base = load_config("configs/debug_cpu")
+    fp = fingerprint(base)
+    assert len(fp) == 16 and fp == fingerprint(load_config("configs/debug_cpu"))
+    assert fp == fingerprint(pickle.loads(pickle.dumps(base))) == fingerprint(base.to_dict())
+    same = load_config("configs/debug_cpu", ["output=/elsewhere", "frequent=1", "num_workers=3", "verbose=5",
+                                             "save_every_steps=0", "keep_checkpoints=9", "val_targets=lfw",
+                                             "auto_resume=false", "resume=true"])
+    assert fingerprint(same) == fp
+    for change in ["lr=0.2", "seed=1", "sample_rate=0.25", "margin_list=1,0,0.4", "max_steps=41",
+                   "network_kwargs={'widths': (8, 16, 16, 16)}", "fp16=true", "batch_size=4"]:
+        assert fingerprint(load_config("configs/debug_cpu", [change])) != fp, change
+    assert {"output", "resume", "verbose", "frequent", "num_workers", "save_every_steps", "keep_checkpoints",
+            "val_targets", "auto_resume"} <= FINGERPRINT_EXCLUDED
