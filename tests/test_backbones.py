@@ -1,0 +1,329 @@
+"""Backbones: registry, official state_dict layout, official computation order, checkpointing, FLOPs.
+
+The expected layouts and the reference forward below are written from shared/FORMATS.md ("Backbone
+weights in circulation") and the insightface ``mbf`` structure, independently of ``backbones/``: if our
+modules drift from the official layout or order, official weight files stop loading or stop giving the
+official embeddings, and these tests fail.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Sequence
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from backbones import get_model, list_models
+from backbones.flops import count_flops
+from tests.conftest import ROOT
+
+# Names the team contract promises.
+CONTRACT_NAMES = {"r18", "r34", "r50", "r100", "r200", "mbf", "tiny"}
+IRESNET_BLOCKS = {"r18": (2, 2, 2, 2), "r34": (3, 4, 6, 3), "r50": (3, 4, 14, 3), "r100": (3, 13, 30, 3),
+                  "r200": (6, 26, 60, 6)}
+OFFICIAL_WIDTHS = (64, 128, 256, 512)
+# Cheap enough on one CPU thread for a full forward + backward at 112×112.
+FULL_CHECK = {"tiny", "mbf", "r18", "r34"}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Expected layouts, from the format description (not from our modules)
+# ----------------------------------------------------------------------------------------------------
+def _bn(prefix: str, c: int) -> list[tuple[str, tuple[int, ...]]]:
+    return [(f"{prefix}.weight", (c,)), (f"{prefix}.bias", (c,)), (f"{prefix}.running_mean", (c,)),
+            (f"{prefix}.running_var", (c,)), (f"{prefix}.num_batches_tracked", ())]
+
+
+def official_iresnet_layout(blocks: Sequence[int], widths: Sequence[int] = OFFICIAL_WIDTHS,
+                            num_features: int = 512, side: int = 7) -> list[tuple[str, tuple[int, ...]]]:
+    """Ordered (key, shape) list of an official IResNet state_dict."""
+    keys = [("conv1.weight", (widths[0], 3, 3, 3)), *_bn("bn1", widths[0]), ("prelu.weight", (widths[0],))]
+    c_in = widths[0]
+    for s, (n, c) in enumerate(zip(blocks, widths), start=1):
+        for b in range(n):
+            p = f"layer{s}.{b}"
+            keys += _bn(f"{p}.bn1", c_in)
+            keys += [(f"{p}.conv1.weight", (c, c_in, 3, 3))]
+            keys += _bn(f"{p}.bn2", c)
+            keys += [(f"{p}.prelu.weight", (c,)), (f"{p}.conv2.weight", (c, c, 3, 3))]
+            keys += _bn(f"{p}.bn3", c)
+            if b == 0:  # stride 2: the shape changes, so a 1×1 projection
+                keys += [(f"{p}.downsample.0.weight", (c, c_in, 1, 1)), *_bn(f"{p}.downsample.1", c)]
+            c_in = c
+    keys += _bn("bn2", c_in)
+    keys += [("fc.weight", (num_features, c_in * side * side)), ("fc.bias", (num_features,))]
+    keys += _bn("features", num_features)
+    return keys
+
+
+def official_mbf_layout(num_features: int = 512) -> list[tuple[str, tuple[int, ...]]]:
+    """Ordered (key, shape) list of insightface's ``mbf`` (scale 2, blocks (1, 4, 6, 2))."""
+    def unit(p: str, c_in: int, c_out: int, k: int, groups: int = 1, act: bool = True):
+        out = [(f"{p}.layers.0.weight", (c_out, c_in // groups, k, k)), *_bn(f"{p}.layers.1", c_out)]
+        return out + ([(f"{p}.layers.2.weight", (c_out,))] if act else [])
+
+    def bottleneck(p: str, c_in: int, c_out: int, hidden: int):
+        return (unit(f"{p}.layers.0", c_in, hidden, 1) + unit(f"{p}.layers.1", hidden, hidden, 3, hidden)
+                + unit(f"{p}.layers.2", hidden, c_out, 1, act=False))
+
+    keys = unit("layers.0", 3, 128, 3) + unit("layers.1", 128, 128, 3, groups=64)
+    keys += bottleneck("layers.2", 128, 128, 128)
+    keys += [kv for i in range(4) for kv in bottleneck(f"layers.3.layers.{i}", 128, 128, 128)]
+    keys += bottleneck("layers.4", 128, 256, 256)
+    keys += [kv for i in range(6) for kv in bottleneck(f"layers.5.layers.{i}", 256, 256, 256)]
+    keys += bottleneck("layers.6", 256, 256, 512)
+    keys += [kv for i in range(2) for kv in bottleneck(f"layers.7.layers.{i}", 256, 256, 256)]
+    keys += unit("conv_sep", 256, 512, 1)
+    keys += unit("features.layers.0", 512, 512, 7, groups=512, act=False)
+    keys += [("features.layers.2.weight", (num_features, 512)), *_bn("features.layers.3", num_features)]
+    return keys
+
+
+def _layout(model: torch.nn.Module) -> list[tuple[str, tuple[int, ...]]]:
+    return [(k, tuple(v.shape)) for k, v in model.state_dict().items()]
+
+
+def random_official_state_dict(layout: list[tuple[str, tuple[int, ...]]], seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random weights with plausible BN statistics (so eval-mode activations stay O(1))."""
+    g = torch.Generator().manual_seed(seed)
+    sd: dict[str, torch.Tensor] = {}
+    for key, shape in layout:
+        if key.endswith("num_batches_tracked"):
+            sd[key] = torch.tensor(7)
+        elif key.endswith("running_var"):
+            sd[key] = torch.rand(shape, generator=g) + 0.5
+        elif key.endswith(("running_mean", "bias")):
+            sd[key] = 0.1 * torch.randn(shape, generator=g)
+        elif key == "features.weight":
+            sd[key] = torch.ones(shape)
+        elif len(shape) == 1:  # BN scale or PReLU slope
+            sd[key] = 0.5 + torch.rand(shape, generator=g)
+        else:  # conv / linear: variance-preserving scale
+            fan_in = int(torch.tensor(shape[1:]).prod())
+            sd[key] = torch.randn(shape, generator=g) / fan_in ** 0.5
+    return sd
+
+
+def reference_iresnet_forward(sd: dict[str, torch.Tensor], blocks: Sequence[int], x: torch.Tensor) -> torch.Tensor:
+    """Eval-mode IResNet forward in the order FORMATS.md gives, from plain functional ops."""
+    def bn(t: torch.Tensor, p: str) -> torch.Tensor:
+        return F.batch_norm(t, sd[f"{p}.running_mean"], sd[f"{p}.running_var"], sd[f"{p}.weight"],
+                            sd[f"{p}.bias"], training=False, eps=1e-5)
+
+    x = F.prelu(bn(F.conv2d(x, sd["conv1.weight"], padding=1), "bn1"), sd["prelu.weight"])
+    for s, n in enumerate(blocks, start=1):
+        for b in range(n):
+            p = f"layer{s}.{b}"
+            stride = 2 if b == 0 else 1
+            out = F.conv2d(bn(x, f"{p}.bn1"), sd[f"{p}.conv1.weight"], padding=1)
+            out = F.prelu(bn(out, f"{p}.bn2"), sd[f"{p}.prelu.weight"])
+            out = bn(F.conv2d(out, sd[f"{p}.conv2.weight"], stride=stride, padding=1), f"{p}.bn3")
+            if b == 0:
+                short = bn(F.conv2d(x, sd[f"{p}.downsample.0.weight"], stride=stride), f"{p}.downsample.1")
+            else:
+                short = x
+            x = out + short
+    x = torch.flatten(bn(x, "bn2"), 1)
+    x = F.linear(x, sd["fc.weight"], sd["fc.bias"])
+    return bn(x, "features")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Registry
+# ----------------------------------------------------------------------------------------------------
+def test_registry_names_match_contract() -> None:
+    assert set(list_models()) == CONTRACT_NAMES
+    assert list_models() == sorted(list_models())
+
+
+def test_unknown_name_lists_valid_names() -> None:
+    with pytest.raises(ValueError, match="unknown backbone 'r51'") as info:
+        get_model("r51")
+    for name in CONTRACT_NAMES:
+        assert name in str(info.value)
+
+
+def test_unknown_kwarg_is_rejected_with_accepted_list() -> None:
+    with pytest.raises(ValueError, match=r"unknown keyword argument\(s\) \['widht'\].*widths"):
+        get_model("tiny", widht=(4, 8, 8, 16))
+    with pytest.raises(ValueError, match=r"\['widths'\]"):  # only tiny's widths are free
+        get_model("r50", widths=(4, 8, 8, 16))
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_fp16_kwarg_points_to_the_trainer(value: bool) -> None:
+    with pytest.raises(ValueError, match="precision is the trainer's choice"):
+        get_model("tiny", fp16=value)
+
+
+@pytest.mark.parametrize("kwargs", [{"num_features": 0}, {"dropout": 1.0}, {"input_size": 100},
+                                    {"widths": (4, 8, 8)}])
+def test_bad_values_are_rejected(kwargs: dict) -> None:
+    with pytest.raises(ValueError):
+        get_model("tiny", **kwargs)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Every registered model
+# ----------------------------------------------------------------------------------------------------
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", list_models())
+def test_every_model_forward(name: str) -> None:
+    torch.manual_seed(0)
+    model = get_model(name, num_features=64)
+    if name in FULL_CHECK:
+        model.train()
+        x = torch.randn(2, 3, 112, 112)  # (N, 3, 112, 112); BN in training mode needs N > 1
+        y = model(x)  # (2, 64)
+        assert y.shape == (2, 64)
+        assert torch.isfinite(y).all()
+        y.square().mean().backward()
+        for key, p in model.named_parameters():
+            if p.requires_grad:
+                assert p.grad is not None and torch.isfinite(p.grad).all(), key
+        assert any(p.grad.abs().sum() > 0 for p in model.parameters() if p.requires_grad)
+    else:  # r50 / r100 / r200: forward only (a backward is too slow on a shared CPU). Training mode,
+        # because with the official init (conv std 0.1) and fresh running statistics an eval-mode forward
+        # of a deep untrained IResNet overflows, as the official one does.
+        with torch.no_grad():
+            y = model.train()(torch.randn(2, 3, 112, 112))
+        assert y.shape == (2, 64)
+        assert torch.isfinite(y).all()
+    if name != "mbf":  # IResNet: the embedding BN's scale is frozen at 1, as in the official models
+        assert not model.features.weight.requires_grad
+        assert torch.equal(model.features.weight, torch.ones(64))
+
+
+def test_other_input_size() -> None:
+    model = get_model("tiny", widths=(4, 8, 8, 16), num_features=8, input_size=128).eval()
+    assert model(torch.randn(1, 3, 128, 128)).shape == (1, 8)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Official layout and computation order
+# ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(IRESNET_BLOCKS))
+def test_iresnet_state_dict_matches_official_layout(name: str) -> None:
+    with torch.device("meta"):  # shapes only: r200 costs nothing
+        model = get_model(name)
+    assert _layout(model) == official_iresnet_layout(IRESNET_BLOCKS[name])
+
+
+def test_mbf_state_dict_matches_official_layout() -> None:
+    with torch.device("meta"):
+        model = get_model("mbf")
+    assert _layout(model) == official_mbf_layout()
+
+
+def test_tiny_layout_follows_its_widths() -> None:
+    model = get_model("tiny", widths=(4, 8, 8, 16), num_features=32)
+    assert _layout(model) == official_iresnet_layout((1, 1, 1, 1), (4, 8, 8, 16), num_features=32)
+
+
+def test_official_weights_give_official_embeddings() -> None:
+    """Random weights in the official layout, loaded strictly, give the reference forward's embeddings."""
+    torch.manual_seed(1)
+    sd = random_official_state_dict(official_iresnet_layout(IRESNET_BLOCKS["r18"]))
+    model = get_model("r18")
+    model.load_state_dict(sd, strict=True)
+    model.eval()
+    x = torch.randn(2, 3, 112, 112)  # (N, 3, 112, 112)
+    with torch.no_grad():
+        ours = model(x)  # (2, 512)
+        ref = reference_iresnet_forward(sd, IRESNET_BLOCKS["r18"], x)  # (2, 512)
+    assert ref.abs().max() > 1e-2  # a meaningful comparison, not two vectors of zeros
+    torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-5 * float(ref.abs().max()))
+    assert not model.features.weight.requires_grad  # loading keeps the official frozen scale
+
+
+def test_strict_loading_rejects_missing_and_extra_keys() -> None:
+    model = get_model("tiny", widths=(4, 8, 8, 16))
+    sd = model.state_dict()
+    missing = {k: v for k, v in sd.items() if k != "layer2.0.prelu.weight"}
+    with pytest.raises(RuntimeError, match="layer2.0.prelu.weight"):
+        model.load_state_dict(missing, strict=True)
+    extra = dict(sd, **{"layer1.1.bn1.weight": torch.ones(4)})
+    with pytest.raises(RuntimeError, match="layer1.1.bn1.weight"):
+        model.load_state_dict(extra, strict=True)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Activation checkpointing
+# ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name,kwargs", [("tiny", {"widths": (4, 8, 8, 16)}), ("mbf", {})])
+def test_activation_checkpointing_changes_nothing_but_memory(name: str, kwargs: dict) -> None:
+    torch.manual_seed(0)
+    plain = get_model(name, num_features=16, dropout=0.2, **kwargs).train()
+    ckpt = get_model(name, num_features=16, dropout=0.2, activation_checkpointing=True, **kwargs).train()
+    ckpt.load_state_dict(plain.state_dict(), strict=True)
+    x = torch.randn(3, 3, 112, 112)
+    outs = []
+    for model in (plain, ckpt):
+        torch.manual_seed(123)  # same dropout mask in both
+        y = model(x)  # (3, 16)
+        y.square().sum().backward()
+        outs.append(y.detach())
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-6)
+    for (key, p), q in zip(plain.named_parameters(), ckpt.parameters()):
+        if p.requires_grad:
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=lambda m, k=key: f"{k}: {m}")
+    # The recompute in backward must not update BatchNorm statistics a second time.
+    for (key, b), c in zip(plain.named_buffers(), ckpt.buffers()):
+        torch.testing.assert_close(c, b, rtol=1e-6, atol=1e-7, msg=lambda m, k=key: f"{k}: {m}")
+
+
+def test_activation_checkpointing_is_off_in_eval() -> None:
+    model = get_model("tiny", widths=(4, 8, 8, 16), activation_checkpointing=True).eval()
+    with torch.no_grad():
+        assert model(torch.randn(1, 3, 112, 112)).shape == (1, 512)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Parameters and multiply-adds
+# ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name,published_gmacs", [("r50", 6.3), ("r100", 12.1)])
+def test_macs_match_published_figures(name: str, published_gmacs: float) -> None:
+    with torch.device("meta"):
+        model = get_model(name)
+    params, macs = count_flops(model, 112)
+    assert abs(macs / 1e9 - published_gmacs) / published_gmacs < 0.05, macs
+    assert params == _param_count(official_iresnet_layout(IRESNET_BLOCKS[name]))
+
+
+def _param_count(layout: list[tuple[str, tuple[int, ...]]]) -> int:
+    """Elements of the parameters (not the BN buffers) in a layout."""
+    buffers = ("running_mean", "running_var", "num_batches_tracked")
+    return sum(int(torch.tensor(s).prod()) for k, s in layout if not k.endswith(buffers))
+
+
+def test_mbf_size() -> None:
+    """insightface's mbf: 2,059,520 parameters (the paper's ~1 M is its 128-d configuration), ~0.44 GMACs."""
+    with torch.device("meta"):
+        model = get_model("mbf")
+    params, macs = count_flops(model, 112)
+    assert params == _param_count(official_mbf_layout()) == 2_059_520
+    assert 0.35e9 < macs < 0.55e9, macs
+
+
+def test_count_flops_on_a_real_model_restores_training_mode() -> None:
+    model = get_model("tiny", widths=(4, 8, 8, 16)).train()
+    params, macs = count_flops(model, 112)
+    assert model.training
+    assert params == sum(p.numel() for p in model.parameters())
+    # Stem conv alone: 3·4·9 multiply-adds at each of 112² positions.
+    assert macs > 3 * 4 * 9 * 112 * 112
+
+
+@pytest.mark.timeout(60)
+def test_flops_cli_prints_published_r50_figure() -> None:
+    proc = subprocess.run([sys.executable, "-m", "backbones.flops", "r50"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=50)
+    assert proc.returncode == 0, proc.stderr
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("GMACs"))
+    gmacs = float(line.split(":")[-1])
+    assert abs(gmacs - 6.3) / 6.3 < 0.05, proc.stdout
+    assert "GFLOPs (2 per multiply-add" in proc.stdout
+    assert "parameters: 43," in proc.stdout
+    assert "RuntimeWarning" not in proc.stderr
