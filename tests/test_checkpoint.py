@@ -1,0 +1,291 @@
+"""utils.checkpoint: atomic writes, crash leftovers, pruning, head re-partition, weights-only loading.
+
+Ranks are simulated with threads meeting at a ``threading.Barrier`` (the same ordering as real ranks meeting
+at ``dist.barrier``); one test runs the real thing on 2 gloo ranks.
+"""
+from __future__ import annotations
+
+import json
+import pickle
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests._dist import run_distributed
+from utils.checkpoint import (MANIFEST, clean_partial, find_latest, head_shard, list_checkpoints, load_common,
+                              load_file, load_head_rows, load_rng, make_common, restore_head, rng_state,
+                              save_atomic, save_checkpoint, set_rng_state, step_dir)
+
+D = 4  # embedding size of the fake heads
+
+
+def partition(num_classes: int, world_size: int, rank: int) -> tuple[int, int]:
+    """The contract's split: the first num_classes % world_size ranks own one class more."""
+    base, extra = divmod(num_classes, world_size)
+    return rank * base + min(rank, extra), base + (1 if rank < extra else 0)
+
+
+def full_head(num_classes: int, seed: int = 0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    weight = torch.randn(num_classes, D, generator=g)  # (C, D)
+    state = {"exp_avg": torch.randn(num_classes, D, generator=g), "step": torch.arange(num_classes).float()}
+    return weight, state
+
+
+def make_common_for(step: int, world_size: int, num_classes: int) -> dict:
+    model = torch.nn.Linear(3, D)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(2, 3)).sum().backward()
+    opt.step()
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    return make_common(step=step, epoch=1, step_in_epoch=3, lr=0.05, backbone=model.state_dict(),
+                       backbone_optimizer=opt.state_dict(), scaler=scaler.state_dict(), world_size=world_size,
+                       num_classes=num_classes, fingerprint="abc123", config={"lr": 0.1, "margin_list": (1.0, 0.5, 0.0),
+                                                                             "output": None})
+
+
+def save_world(output: Path, step: int, world_size: int, num_classes: int = 7, keep: int = 5, seed: int = 0,
+               fail_rank0_at_barrier: int | None = None) -> Path:
+    """Save one checkpoint from ``world_size`` simulated ranks; returns the directory."""
+    weight, state = full_head(num_classes, seed)
+    barrier = threading.Barrier(world_size)
+    results: dict[int, object] = {}
+
+    def rank_main(rank: int) -> None:
+        calls = [0]
+
+        def wait() -> None:
+            calls[0] += 1
+            if rank == 0 and calls[0] == fail_rank0_at_barrier:
+                barrier.abort()
+                raise KeyboardInterrupt("simulated crash")
+            barrier.wait(timeout=30)
+
+        start, n = partition(num_classes, world_size, rank)
+        shard = head_shard(weight[start:start + n], {k: v[start:start + n] for k, v in state.items()}, start,
+                           num_classes)
+        common = make_common_for(step, world_size, num_classes) if rank == 0 else None
+        try:
+            results[rank] = save_checkpoint(output, step, rank=rank, world_size=world_size, head=shard,
+                                            common=common, keep=keep, barrier=wait)
+        except (KeyboardInterrupt, threading.BrokenBarrierError) as exc:
+            results[rank] = exc
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world_size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    if fail_rank0_at_barrier is None:
+        assert all(isinstance(results[r], Path) for r in range(world_size)), results
+    return step_dir(output, step)
+
+
+# ------------------------------------------------------------------------------ single files
+
+def test_save_atomic_roundtrip(tmp_path):
+    path = tmp_path / "sub" / "model.pt"
+    save_atomic({"w": torch.ones(2)}, path)
+    assert torch.equal(load_file(path)["w"], torch.ones(2))
+    assert sorted(p.name for p in path.parent.iterdir()) == ["model.pt"]
+
+
+def test_save_atomic_failure_keeps_previous_file(tmp_path):
+    path = tmp_path / "model.pt"
+    save_atomic({"w": torch.zeros(3)}, path)
+    with pytest.raises((pickle.PicklingError, AttributeError)):
+        save_atomic({"w": torch.ones(3), "bad": lambda: 0}, path)  # cannot be pickled: fails mid-write
+    assert torch.equal(load_file(path)["w"], torch.zeros(3))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt"]
+
+
+# ------------------------------------------------------------------------------ layout and contents
+
+def test_layout_contents_and_weights_only(tmp_path):
+    ckpt = save_world(tmp_path, 12, world_size=2)
+    assert ckpt == tmp_path / "checkpoints" / "step_000000012"
+    names = {"common.pt", "head_rank0.pt", "head_rank1.pt", "rng_rank0.pt", "rng_rank1.pt", MANIFEST}
+    assert {p.name for p in ckpt.iterdir()} == names
+    manifest = json.loads((ckpt / MANIFEST).read_text())
+    assert manifest["world_size"] == 2 and manifest["step"] == 12
+    assert manifest["files"] == {n: (ckpt / n).stat().st_size for n in names - {MANIFEST}}
+    for name in names - {MANIFEST}:  # everything loads with the restricted unpickler
+        torch.load(ckpt / name, map_location="cpu", weights_only=True)
+    common = load_common(ckpt)
+    assert (common["step"], common["epoch"], common["step_in_epoch"], common["world_size"]) == (12, 1, 3, 2)
+    assert common["num_classes"] == 7 and common["fingerprint"] == "abc123"
+    assert common["config"]["margin_list"] == (1.0, 0.5, 0.0) and common["scaler"]["scale"] == 1024.0
+    assert "momentum_buffer" in common["backbone_optimizer"]["state"][0]
+    assert set(load_rng(ckpt, 1)) >= {"cpu"} and load_rng(ckpt, 2) is None
+    assert list(tmp_path.joinpath("checkpoints").iterdir()) == [ckpt]  # no .tmp left behind
+
+
+def test_rng_roundtrip():
+    state = rng_state()
+    a = torch.rand(5)
+    set_rng_state(state)
+    assert torch.equal(torch.rand(5), a)
+
+
+def test_head_shard_rejects_non_row_state():
+    with pytest.raises(ValueError, match=r"'step' is \(\); expected a tensor with first dimension num_local = 3"):
+        head_shard(torch.zeros(3, D), {"step": torch.tensor(1.0)}, 0, 3)
+
+
+def test_common_required_on_rank0(tmp_path):
+    with pytest.raises(ValueError, match="rank 0 must pass common"):
+        save_checkpoint(tmp_path, 1, rank=0, world_size=1, head={}, barrier=lambda: None)
+
+
+# ------------------------------------------------------------------------------ crashes and leftovers
+
+def test_tmp_dir_is_ignored_and_cleaned(tmp_path):
+    save_world(tmp_path, 5, 2)
+    good = save_world(tmp_path, 10, 2)
+    leftover = tmp_path / "checkpoints" / "step_000000015.tmp"
+    leftover.mkdir()
+    (leftover / "head_rank0.pt").write_bytes(b"partial")
+    assert find_latest(tmp_path) == good
+    assert clean_partial(tmp_path) == [leftover]
+    assert not leftover.exists() and find_latest(tmp_path) == good
+
+
+def test_dir_without_manifest_is_ignored(tmp_path):
+    good = save_world(tmp_path, 10, 2)
+    fake = save_world(tmp_path, 20, 2)
+    (fake / MANIFEST).unlink()
+    assert find_latest(tmp_path) == good
+    assert clean_partial(tmp_path) == [fake] and list_checkpoints(tmp_path) == [good]
+
+
+def test_truncated_file_is_detected(tmp_path):
+    good = save_world(tmp_path, 5, 2)
+    bad = save_world(tmp_path, 10, 2)
+    shard = bad / "head_rank1.pt"
+    shard.write_bytes(shard.read_bytes()[:50])
+    assert find_latest(tmp_path) == good
+    clean_partial(tmp_path)
+    assert not bad.exists() and good.exists()
+
+
+@pytest.mark.parametrize("barrier_call", [1, 2, 3])
+def test_crash_during_save_leaves_previous_newest(tmp_path, barrier_call):
+    good = save_world(tmp_path, 5, 2)
+    save_world(tmp_path, 10, 2, fail_rank0_at_barrier=barrier_call)
+    # barrier 1: files not yet written; 2: files in .tmp, no manifest; 3: renamed and complete.
+    expected = step_dir(tmp_path, 10) if barrier_call == 3 else good
+    assert find_latest(tmp_path) == expected
+    clean_partial(tmp_path)
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.endswith(".tmp")] == []
+    assert find_latest(tmp_path) == expected
+
+
+def test_pruning_keeps_newest(tmp_path):
+    for step in range(1, 6):
+        save_world(tmp_path, step, 2, keep=2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000000004", "step_000000005"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000000004", "step_000000005"]
+
+
+def test_resave_same_step_replaces(tmp_path):
+    save_world(tmp_path, 3, 2, seed=0)
+    ckpt = save_world(tmp_path, 3, 1, seed=1)
+    assert json.loads((ckpt / MANIFEST).read_text())["world_size"] == 1
+    assert torch.equal(load_head_rows(ckpt, 0, 7)["weight"], full_head(7, seed=1)[0])
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000000003"]
+
+
+# ------------------------------------------------------------------------------ re-partition
+
+@pytest.mark.parametrize("old_world,new_world,num_classes", [(2, 1, 7), (2, 3, 7), (3, 2, 7), (3, 3, 8), (1, 3, 5)])
+def test_repartition_exact(tmp_path, old_world, new_world, num_classes):
+    ckpt = save_world(tmp_path, 1, old_world, num_classes=num_classes)
+    weight, state = full_head(num_classes)
+    parts = []
+    for rank in range(new_world):
+        start, n = partition(num_classes, new_world, rank)
+        rows = load_head_rows(ckpt, start, n, num_classes=num_classes)
+        assert rows["weight"].shape == (n, D) and (rows["class_start"], rows["num_local"]) == (start, n)
+        parts.append(rows)
+    assert torch.equal(torch.cat([p["weight"] for p in parts]), weight)
+    for key in state:
+        assert torch.equal(torch.cat([p["state"][key] for p in parts]), state[key])
+
+
+def test_restore_head_into_parameter_and_optimizer(tmp_path):
+    ckpt = save_world(tmp_path, 1, 2)
+    weight = torch.nn.Parameter(torch.zeros(3, D))
+    opt = torch.optim.SGD([weight], lr=0.1)
+    restore_head(weight, opt, load_head_rows(ckpt, 4, 3))
+    full_w, full_s = full_head(7)
+    assert torch.equal(weight.detach(), full_w[4:7]) and torch.equal(opt.state[weight]["exp_avg"], full_s["exp_avg"][4:7])
+    with pytest.raises(ValueError, match=r"shape \(2, 4\).*\(3, 4\)"):
+        restore_head(weight, opt, load_head_rows(ckpt, 0, 2))
+
+
+def test_repartition_errors_name_the_file(tmp_path):
+    ckpt = save_world(tmp_path, 1, 2)
+    with pytest.raises(ValueError, match=r"head_rank0.pt: checkpoint was trained with num_classes = 7.*num_classes = 9"):
+        load_head_rows(ckpt, 0, 3, num_classes=9)
+    with pytest.raises(ValueError, match=r"outside the checkpoint's \[0, 7\)"):
+        load_head_rows(ckpt, 5, 3)
+    bad = load_file(ckpt / "head_rank1.pt")
+    bad["weight"] = torch.zeros(3, D + 1)
+    save_atomic(bad, ckpt / "head_rank1.pt")
+    with pytest.raises(ValueError, match=r"head_rank1.pt: embedding size 5 but other shards have 4"):
+        load_head_rows(ckpt, 0, 7)
+    bad["weight"] = torch.zeros(2, D)
+    save_atomic(bad, ckpt / "head_rank1.pt")
+    with pytest.raises(ValueError, match=r"head_rank1.pt: weight has shape \(2, 4\); expected \(3, embedding_size\)"):
+        load_head_rows(ckpt, 0, 7)
+    (ckpt / "head_rank1.pt").unlink()
+    with pytest.raises(ValueError, match=r"head_rank1.pt: missing head shard of rank 1"):
+        load_head_rows(ckpt, 0, 7)
+
+
+# ------------------------------------------------------------------------------ hostile files
+
+class _Evil:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))  # would create the marker file when unpickled
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+@pytest.mark.parametrize("writer", ["pickle", "torch.save"])
+def test_hostile_pickle_is_refused(tmp_path, writer):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    marker = tmp_path / "pwned"
+    with open(ckpt / "common.pt", "wb") as f:
+        if writer == "pickle":
+            pickle.dump({"step": _Evil(marker)}, f)
+        else:
+            torch.save({"step": _Evil(marker)}, f)
+    with pytest.raises(ValueError, match=r"common.pt: refused"):
+        load_common(ckpt)
+    assert not marker.exists()
+
+
+# ------------------------------------------------------------------------------ real ranks
+
+def _dist_save(rank: int, world_size: int, output: str) -> str:
+    weight, state = full_head(7)
+    start, n = partition(7, world_size, rank)
+    shard = head_shard(weight[start:start + n], {k: v[start:start + n] for k, v in state.items()}, start, 7)
+    common = make_common_for(4, world_size, 7) if rank == 0 else None
+    return str(save_checkpoint(output, 4, rank=rank, world_size=world_size, head=shard, common=common, keep=2))
+
+
+@pytest.mark.timeout(120)
+def test_two_gloo_ranks_default_barrier(tmp_path):
+    pytest.importorskip("utils.distributed")
+    paths = run_distributed(_dist_save, 2, str(tmp_path), timeout=90)
+    assert paths == [str(step_dir(tmp_path, 4))] * 2
+    assert find_latest(tmp_path) == step_dir(tmp_path, 4)
+    rows = load_head_rows(paths[0], 0, 7, num_classes=7)
+    assert torch.equal(rows["weight"], full_head(7)[0])
