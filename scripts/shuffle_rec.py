@@ -1,0 +1,57 @@
+"""Write a shuffled copy of a RecordIO dataset, without the insightface header/identity records, for DALI.
+
+    python scripts/shuffle_rec.py data/ms1m-retinaface-t1 data/ms1m-shuffled [--seed 0]
+
+DALI's MXNet reader treats every index entry as an image and shuffles only within a buffer, so it
+needs the images alone, and pre-shuffled. Accepts both layouts; payloads (labels included) are copied
+unchanged; keys become 0..N-1 in the new order; ``property`` is copied when present.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from dataset import detect_layout  # noqa: E402
+from utils.recordio import IndexedRecordIO, RecordIOError  # noqa: E402
+
+
+def shuffle_rec(src: Path, dst: Path, seed: int = 0) -> int:
+    """Write ``dst/train.rec``/``train.idx`` with the images of ``src`` in a seeded random order."""
+    if src.resolve() == dst.resolve():
+        raise ValueError(f"source and destination are the same folder: {src}")
+    dst.mkdir(parents=True, exist_ok=True)
+    with IndexedRecordIO(src / "train.idx", src / "train.rec", "r") as rec:
+        _, keys, _ = detect_layout(rec)
+        order = np.random.default_rng(seed).permutation(len(keys))
+        with IndexedRecordIO(dst / "train.idx", dst / "train.rec", "w") as out:
+            for new_key, i in enumerate(tqdm(order.tolist(), desc="shuffle_rec", unit="rec")):
+                out.write_idx(new_key, rec.read_idx(int(keys[i])))
+    if (src / "property").is_file():
+        shutil.copyfile(src / "property", dst / "property")
+    return len(keys)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("src", type=Path, help="folder with train.rec and train.idx")
+    parser.add_argument("dst", type=Path, help="output folder")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    try:
+        n = shuffle_rec(args.src, args.dst, args.seed)
+    except (FileNotFoundError, RecordIOError, ValueError, KeyError) as exc:
+        print(f"shuffle_rec: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {n} shuffled images to {args.dst}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
