@@ -232,10 +232,17 @@ def _pairs(embeddings: np.ndarray, actual_issame: Sequence[bool]) -> tuple[np.nd
     """Embeddings of the first and second image of every pair (rows 2i, 2i+1), and the labels."""
     embeddings = np.asarray(embeddings)
     issame = np.asarray(actual_issame, dtype=bool)
+    if issame.size < 2:
+        raise ValueError(f"{issame.size} pairs; the k-fold protocol needs at least 2")
     if embeddings.ndim != 2 or embeddings.shape[0] != 2 * issame.size:
         raise ValueError(f"embeddings of shape {embeddings.shape} for {issame.size} pairs; expected "
                          f"({2 * issame.size}, D): rows 2i and 2i+1 form pair i")
     return embeddings[0::2], embeddings[1::2], issame
+
+
+def _check_folds(nrof_folds: int, pairs: int) -> None:
+    if not 2 <= nrof_folds <= pairs:
+        raise ValueError(f"nrof_folds={nrof_folds} for {pairs} pairs; allowed: 2 <= nrof_folds <= pairs")
 
 
 def _squared_distance(emb1: np.ndarray, emb2: np.ndarray) -> np.ndarray:
@@ -255,6 +262,7 @@ def calculate_roc(embeddings: np.ndarray, actual_issame: Sequence[bool], nrof_fo
     per fold.
     """
     emb1, emb2, issame = _pairs(embeddings, actual_issame)
+    _check_folds(nrof_folds, issame.size)
     if thresholds is None:
         thresholds = np.arange(0, 4, 0.01)
     folds = KFold(n_splits=nrof_folds, shuffle=False)
@@ -286,6 +294,7 @@ def calculate_val(embeddings: np.ndarray, actual_issame: Sequence[bool], far_tar
     curve it gives the threshold the published numbers were computed with.
     """
     emb1, emb2, issame = _pairs(embeddings, actual_issame)
+    _check_folds(nrof_folds, issame.size)
     thresholds = np.arange(0, 4, 0.001)
     dist = _squared_distance(emb1, emb2)
     val = np.zeros(nrof_folds)

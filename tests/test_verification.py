@@ -16,7 +16,6 @@ from torchvision.io import encode_jpeg
 
 from conftest import FIXTURES
 from eval import verification as V
-from tests._dist import run_distributed
 
 TINY_BIN = FIXTURES / "bins" / "tiny.bin"
 
@@ -186,6 +185,8 @@ def test_evaluate_with_pca_and_bad_shapes():
     assert accuracy.shape == (5,) and np.all((0 <= accuracy) & (accuracy <= 1))
     with pytest.raises(ValueError, match=r"shape \(40, 8\) for 21 pairs"):
         V.evaluate(emb, [True] * 21)
+    with pytest.raises(ValueError, match=r"nrof_folds=10 for 8 pairs"):
+        V.evaluate(emb[:16], [True] * 8)
 
 
 # --- test() --------------------------------------------------------------------------------------------
@@ -221,3 +222,59 @@ def test_test_restores_mode_and_feeds_normalised_batches(training):
         orig = V.embed(data[0][0], net, 4)
     _, _, acc_noflip, *_ = V.evaluate(orig, data[1], nrof_folds=2)
     assert result["acc_noflip"] == float(acc_noflip.mean())
+
+
+# --- CallbackVerification ------------------------------------------------------------------------------
+
+class _Writer:
+    def __init__(self) -> None:
+        self.scalars: dict[str, tuple[float, int]] = {}
+
+    def add_scalar(self, tag, value, step):
+        self.scalars[tag] = (value, step)
+
+
+class _Wrapper(nn.Module):
+    """Holds the backbone as ``.module`` like DDP; calling it would be an error (DDP's forward runs
+    collectives, which rank 0 alone must not start)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, x):
+        raise AssertionError("the callback must evaluate .module, not the wrapper")
+
+
+def test_callback_single_process_logs_and_tracks_best(caplog):
+    pytest.importorskip("utils.distributed")
+    from eval.callback import CallbackVerification
+
+    writer = _Writer()
+    callback = CallbackVerification(["tiny"], TINY_BIN.parent, summary_writer=writer, batch_size=8, nfolds=2)
+    net = _Wrapper(_Recorder())
+    with caplog.at_level("INFO", logger="eval.callback"):
+        results = callback(7, net)
+    assert set(results) == {"tiny"} and results["tiny"]["pairs"] == 8
+    assert callback.best["tiny"] == results["tiny"]["acc"]
+    assert set(writer.scalars) == {f"val/tiny/{k}" for k in ("acc", "acc_noflip", "val", "xnorm")}
+    assert writer.scalars["val/tiny/acc"] == (results["tiny"]["acc"], 7)
+    assert "verification at step 7" in caplog.text and "tiny" in caplog.text
+    with pytest.raises(FileNotFoundError, match=r"'lfw'.*lfw\.bin does not exist"):
+        CallbackVerification(["tiny", "lfw"], TINY_BIN.parent)
+
+
+def test_callback_other_ranks_load_nothing_and_wait_at_the_barrier(monkeypatch):
+    # The process-group side (a real gloo barrier) is utils.distributed's; here: who loads, who waits.
+    pytest.importorskip("utils.distributed")
+    import eval.callback as C
+
+    calls = []
+    monkeypatch.setattr(C, "barrier", lambda: calls.append("barrier"))
+    for rank, expected in ((1, None), (0, 8)):
+        monkeypatch.setattr(C, "get_rank", lambda rank=rank: rank)
+        callback = C.CallbackVerification(["tiny"], TINY_BIN.parent, batch_size=8, nfolds=2)
+        assert len(callback.sets) == (rank == 0)
+        result = callback(1, _Recorder())
+        assert (None if result is None else result["tiny"]["pairs"]) == expected
+    assert calls == ["barrier", "barrier"]
