@@ -97,8 +97,8 @@ class IResNet(nn.Module):
         self.bn2 = nn.BatchNorm2d(in_ch, eps=_BN_EPS)
         self.dropout = nn.Dropout(p=dropout)
         self.fc = nn.Linear(in_ch * final_side * final_side, num_features)
-        # The embedding BatchNorm only centres and rescales per feature with a learnt shift; its scale is
-        # fixed at 1 as in the official models (it would otherwise just rescale the normalised embedding).
+        # Embedding BatchNorm with its scale frozen at 1 (only the shift is learnt), as in the official
+        # models; official files store that 1, and loading keeps requires_grad False.
         self.features = nn.BatchNorm1d(num_features, eps=_BN_EPS)
         self._init_weights()
 
