@@ -19,7 +19,7 @@ import logging
 import os
 import random
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator
 
 import numpy as np
 import torch

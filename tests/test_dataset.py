@@ -13,7 +13,7 @@ from PIL import Image
 
 from dataset import (FaceSampler, ImageFolderDataset, MXFaceDataset, SyntheticDataset, build_dataset,
                      get_dataloader)
-from utils.recordio import IndexedRecordIO, IRHeader, RecordIOError, pack, write_insightface_rec
+from utils.recordio import IndexedRecordIO, IRHeader, RecordIOError, pack
 
 LAYOUTS = ["rec_insightface", "rec_insightface_vector_label", "rec_im2rec"]
 

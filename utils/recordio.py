@@ -18,6 +18,7 @@ offset is ever shared between processes.
 """
 from __future__ import annotations
 
+import io
 import logging
 import numbers
 import os
@@ -103,10 +104,10 @@ def _parse_idx(idx_path: Path) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     try:
         # numpy's C parser: about 0.7 s for a 5M-line index; the slow loop below only runs to explain errors.
-        table = np.loadtxt(data.decode("ascii").splitlines(), dtype=np.int64, delimiter="\t", ndmin=2)
+        table = np.loadtxt(io.BytesIO(data), dtype=np.int64, delimiter="\t", ndmin=2)
         if table.shape[1] == 2:
             return table[:, 0].copy(), table[:, 1].copy()
-    except (ValueError, UnicodeDecodeError):
+    except ValueError:
         pass  # fall through to the line-by-line pass, which names the offending line
     for lineno, line in enumerate(data.split(b"\n"), start=1):
         if not line.strip():
