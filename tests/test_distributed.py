@@ -1,0 +1,95 @@
+"""utils.distributed: helpers without a process group, differentiable all_gather on 1-3 gloo ranks."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests._dist import run_distributed
+from utils import distributed as du
+
+pytestmark = pytest.mark.timeout(120)
+
+_SIZES = (3, 1, 4)  # per-rank first dimensions (uneven)
+_D = 5
+
+
+def _rank_input(rank: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(100 + rank)
+    return torch.randn(_SIZES[rank], _D, generator=g, dtype=torch.float64)
+
+
+def _coeffs(total: int) -> torch.Tensor:
+    return torch.randn(total, _D, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+
+
+def _objective(full: torch.Tensor, rank: int) -> torch.Tensor:
+    """A rank-dependent non-linear function of the concatenated tensor (each rank contributes its term)."""
+    return ((full.sin() * _coeffs(full.shape[0])).sum() * (rank + 1)) + (full[rank] ** 3).sum()
+
+
+def _gather_worker(rank: int, world: int) -> dict:
+    x = _rank_input(rank).requires_grad_()
+    pieces = du.all_gather(x)
+    full = torch.cat(pieces)
+    _objective(full, rank).backward()
+    grad_ours = x.grad.clone()
+
+    x.grad = None
+    full_cat = du.all_gather_cat(x, grad_scale=2.5)
+    _objective(full_cat, rank).backward()
+    grad_scaled = x.grad.clone()
+
+    x.grad = None
+    grad_torch = None
+    if len(set(_SIZES[:world])) == 1 or world == 1:
+        import torch.distributed.nn.functional as dnn
+        _objective(torch.cat(dnn.all_gather(x)), rank).backward()
+        grad_torch = x.grad.clone()
+    # numpy arrays: torch tensors would travel through shared memory that dies with the worker process
+    even = _even_torch_check(rank)
+    # numpy arrays: torch tensors would travel through shared memory that dies with the worker process
+    return dict(rank=du.get_rank(), world=du.get_world_size(), full=full.detach().numpy(),
+                full_cat=full_cat.detach().numpy(), grad=grad_ours.numpy(), grad_scaled=grad_scaled.numpy(),
+                grad_torch=None if grad_torch is None else grad_torch.numpy(), **even)
+
+
+def _even_torch_check(rank: int) -> dict:
+    """Equal sizes so that torch.distributed.nn.functional.all_gather applies."""
+    import torch.distributed.nn.functional as dnn
+    x = torch.randn(2, 3, generator=torch.Generator().manual_seed(rank), dtype=torch.float64).requires_grad_()
+    (torch.cat(du.all_gather(x)).cos() * (rank + 1)).sum().backward()
+    ours = x.grad.clone()
+    x.grad = None
+    (torch.cat(dnn.all_gather(x)).cos() * (rank + 1)).sum().backward()
+    return dict(ours=ours.numpy(), theirs=x.grad.numpy())
+
+
+def test_helpers_without_process_group():
+    assert du.get_rank() == 0 and du.get_world_size() == 1 and not du.is_distributed()
+    du.barrier()
+    x = torch.randn(3, 2, requires_grad=True)
+    assert du.all_gather(x)[0] is x
+    y = du.all_gather_cat(x, grad_scale=3.0)
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, torch.full((3, 2), 3.0))
+    assert du.all_gather_sizes([4, 5], "cpu").tolist() == [[4, 5]]
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_all_gather_forward_backward_against_single_process(world):
+    results = run_distributed(_gather_worker, world, timeout=90)
+    inputs = [_rank_input(r).requires_grad_() for r in range(world)]
+    full = torch.cat(inputs)
+    # Single-process reference: the total objective is the sum of every rank's objective.
+    sum(_objective(full, r) for r in range(world)).backward()
+    for r, res in enumerate(results):
+        assert res["rank"] == r and res["world"] == world
+        torch.testing.assert_close(torch.from_numpy(res["full"]), full.detach())
+        torch.testing.assert_close(torch.from_numpy(res["full_cat"]), full.detach())
+        torch.testing.assert_close(torch.from_numpy(res["grad"]), inputs[r].grad)
+        torch.testing.assert_close(torch.from_numpy(res["grad_scaled"]), 2.5 * inputs[r].grad)
+        if res["grad_torch"] is not None:
+            torch.testing.assert_close(torch.from_numpy(res["grad"]), torch.from_numpy(res["grad_torch"]))
+        # equal sizes: the same gradients as torch.distributed.nn.functional.all_gather
+        torch.testing.assert_close(torch.from_numpy(res["ours"]), torch.from_numpy(res["theirs"]))
+

@@ -1,0 +1,224 @@
+"""Every collective of the project and the autograd Functions built on them.
+
+Without an initialised process group every helper acts as the one-process identity
+(``get_rank() == 0``, ``get_world_size() == 1``, gathers return their input), so the same code runs in
+one process, under ``torchrun`` with gloo on CPUs, and with NCCL on GPUs (tensors stay on their device).
+
+Gradient convention of the classification head (``partial_fc``): each rank computes the *same* scalar
+loss, the mean over the *global* batch, but only through its own shard of class centres. The gradient
+of that loss with respect to rank ``r``'s local embeddings is the *sum* over ranks of each rank's
+partial gradient with respect to the gathered batch, which is exactly what a reduce-scatter(sum) of
+those partial gradients delivers. DDP then *averages* the backbone's parameter gradients over the
+``W`` ranks, while the true gradient is their *sum* (each rank back-propagates a disjoint slice of the
+global batch). The head therefore multiplies the local-embedding gradient by ``W``
+(``all_gather_cat(..., grad_scale=W)``) so that DDP's average comes out as the single-process gradient.
+A widely copied "differentiable all_gather" blog post instead divides by ``W`` in the backward pass:
+that treats the W per-shard gradients as replicas of one gradient to be averaged, but they are disjoint
+parts of one sum (the reduce-scatter already combined them), so dividing makes every gradient W² too
+small after DDP: an effective learning rate that silently shrinks with the world size.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+__all__ = [
+    "all_gather", "all_gather_cat", "all_gather_sizes", "all_reduce", "barrier", "get_rank", "get_world_size",
+    "is_distributed", "sharded_cross_entropy",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def is_distributed() -> bool:
+    """True when a default process group exists."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def get_rank() -> int:
+    """This process's rank; 0 without a process group."""
+    return dist.get_rank() if is_distributed() else 0
+
+
+def get_world_size() -> int:
+    """Number of ranks; 1 without a process group."""
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def barrier() -> None:
+    """Wait for every rank; a no-op without a process group."""
+    if get_world_size() > 1:
+        dist.barrier()
+
+
+def all_reduce(tensor: Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> Tensor:
+    """In-place all-reduce of ``tensor`` (same shape on every rank); returns it. Not differentiable."""
+    if get_world_size() > 1:
+        dist.all_reduce(tensor, op=op)
+    return tensor
+
+
+def all_gather_sizes(counts: Sequence[int], device: torch.device | str) -> Tensor:
+    """Gather a few integers per rank: returns an int64 ``(W, len(counts))`` tensor on the CPU.
+
+    ``counts`` must have the same length on every rank. Used to learn each rank's batch size before a
+    gather of tensors whose first dimension differs between ranks.
+    """
+    local = torch.tensor(list(counts), dtype=torch.int64, device=device)  # (k,)
+    world = get_world_size()
+    if world == 1:
+        return local.view(1, -1).cpu()
+    out = torch.empty(world * local.numel(), dtype=torch.int64, device=device)  # (W*k,)
+    dist.all_gather_single(out, local)
+    return out.view(world, -1).cpu()
+
+
+class _AllGatherCat(torch.autograd.Function):
+    """Concatenate every rank's tensor along dim 0; backward is reduce-scatter(sum).
+
+    Shapes per rank: input ``x_r`` is ``(n_r, *S)`` (``n_r`` may differ between ranks, ``S`` may not);
+    output ``(N, *S)`` with ``N = Σ_r n_r``, identical on every rank.
+    Forward: ``y = cat(x_0, …, x_{W-1})`` (padded to ``max n_r`` for the collective, then trimmed).
+    Backward: ``∂L/∂x_r = grad_scale · Σ_q (∂L_q/∂y)[offset_r : offset_r + n_r]`` where ``∂L_q/∂y`` is
+    the gradient arriving on rank q: a reduce-scatter(sum), the dual of the gather. gloo in torch 2.14
+    implements ``reduce_scatter_single`` on CPU (earlier releases did not); padded rows cost
+    ``(max n_r − n_r)·|S|`` extra bytes per rank when sizes differ. ``grad_scale`` compensates DDP's
+    averaging (module docstring).
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, sizes: tuple[int, ...], grad_scale: float) -> Tensor:
+        world, rank = get_world_size(), get_rank()
+        assert len(sizes) == world and sizes[rank] == x.shape[0], f"sizes {sizes} vs local {tuple(x.shape)}"
+        ctx.sizes, ctx.grad_scale = sizes, grad_scale
+        longest = max(sizes)
+        x = x.contiguous()
+        if x.shape[0] < longest:
+            x = torch.cat([x, x.new_zeros((longest - x.shape[0], *x.shape[1:]))])  # (max n, *S)
+        gathered = x.new_empty((world * longest, *x.shape[1:]))  # (W·max n, *S)
+        dist.all_gather_single(gathered, x)
+        if all(n == longest for n in sizes):
+            return gathered
+        return torch.cat([gathered[r * longest: r * longest + n] for r, n in enumerate(sizes)])  # (N, *S)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        sizes, world, rank = ctx.sizes, get_world_size(), get_rank()
+        longest = max(sizes)
+        grad = grad.contiguous()
+        if any(n != longest for n in sizes):
+            padded = grad.new_zeros((world * longest, *grad.shape[1:]))  # (W·max n, *S)
+            offset = 0
+            for r, n in enumerate(sizes):
+                padded[r * longest: r * longest + n] = grad[offset: offset + n]
+                offset += n
+            grad = padded
+        out = grad.new_empty((longest, *grad.shape[1:]))  # (max n, *S)
+        dist.reduce_scatter_single(out, grad)
+        out = out[: sizes[rank]]  # (n_rank, *S)
+        if ctx.grad_scale != 1.0:
+            out.mul_(ctx.grad_scale)
+        return out, None, None
+
+
+def all_gather_cat(tensor: Tensor, grad_scale: float = 1.0, sizes: Sequence[int] | None = None) -> Tensor:
+    """Differentiable concatenation of every rank's ``tensor`` along dim 0 (first dims may differ).
+
+    ``sizes`` (each rank's first dimension, from ``all_gather_sizes``) saves one small collective when
+    known. Backward: reduce-scatter(sum) of the incoming gradients, times ``grad_scale``. With one rank
+    this returns ``tensor`` itself (scaled in backward if ``grad_scale != 1``).
+    """
+    world = get_world_size()
+    if sizes is None:
+        sizes = all_gather_sizes([tensor.shape[0]], tensor.device)[:, 0].tolist() if world > 1 else [tensor.shape[0]]
+    if world == 1:
+        return _ScaleGrad.apply(tensor, grad_scale) if grad_scale != 1.0 else tensor
+    return _AllGatherCat.apply(tensor, tuple(int(n) for n in sizes), float(grad_scale))
+
+
+def all_gather(tensor: Tensor) -> list[Tensor]:
+    """Differentiable all_gather: every rank's ``tensor`` (first dims may differ), in rank order.
+
+    Backward of piece ``r`` on every rank is summed into rank ``r``'s input (reduce-scatter(sum));
+    unused pieces contribute zero gradient.
+    """
+    world = get_world_size()
+    if world == 1:
+        return [tensor]
+    sizes = all_gather_sizes([tensor.shape[0]], tensor.device)[:, 0].tolist()
+    return list(torch.split(all_gather_cat(tensor, sizes=sizes), sizes))
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; backward multiplies the gradient by ``scale`` (the one-rank ``grad_scale``)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, scale: float) -> Tensor:
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return grad * ctx.scale, None
+
+
+class _ShardedCrossEntropy(torch.autograd.Function):
+    """Mean softmax cross-entropy over classes sharded across ranks, in log space.
+
+    Shapes per rank: ``logits (B, C_r)`` fp32 (the same B rows on every rank, rank r holding its C_r
+    columns), ``target (B,)`` int64: the column of the sample's class on this rank, or -1 when another
+    rank holds it (exactly one rank holds each sample's class). Output: the same scalar on every rank.
+    Forward: ``m_i = max_r max_j z_ij`` (all-reduce MAX), ``S_i = Σ_r Σ_j exp(z_ij − m_i)`` and
+    ``t_i = z_{i,y_i}`` (one all-reduce SUM of both), ``loss = mean_i(log S_i + m_i − t_i)``. No
+    probability is clamped, so the loss is exact however large (insightface clamps at 1e-30, which caps a
+    sample's loss at 69.08 and zeroes its gradient).
+    Backward: ``∂loss/∂z_ij = (exp(z_ij − m_i)/S_i − [j = y_i]) / B``, written into the forward's
+    exp buffer in place (the backward can run once). No rescaling: each rank's gradient is the exact
+    partial derivative for its own columns.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, target: Tensor) -> Tensor:
+        batch = logits.shape[0]
+        if logits.shape[1] > 0:
+            row_max = logits.max(dim=1).values  # (B,)
+        else:
+            row_max = logits.new_full((batch,), float("-inf"))  # (B,)
+        all_reduce(row_max, dist.ReduceOp.MAX)
+        exp = torch.sub(logits, row_max[:, None]).exp_()  # (B, C_r)
+        rows = torch.nonzero(target != -1).view(-1)  # (P,)
+        cols = target[rows]  # (P,)
+        stats = logits.new_zeros((2, batch))  # (2, B): Σ exp, target logit
+        stats[0] = exp.sum(dim=1)
+        stats[1].index_put_((rows,), logits[rows, cols])
+        all_reduce(stats)
+        sum_exp, target_logit = stats[0], stats[1]
+        loss = (torch.log(sum_exp) + row_max - target_logit).mean()
+        ctx.exp, ctx.sum_exp, ctx.rows, ctx.cols = exp, sum_exp, rows, cols
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor):
+        if ctx.exp is None:
+            raise RuntimeError("sharded_cross_entropy: backward ran twice; its buffer was reused for the gradient")
+        grad = ctx.exp  # (B, C_r), reused: becomes (softmax − onehot)·g/B
+        scale = grad_loss / grad.shape[0]
+        grad.mul_((scale / ctx.sum_exp)[:, None])
+        grad.index_put_((ctx.rows, ctx.cols), -scale.expand(ctx.rows.shape[0]), accumulate=True)
+        ctx.exp = None
+        return grad, None
+
+
+def sharded_cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
+    """Mean cross-entropy of ``logits (B, C_local)`` whose classes are sharded over ranks.
+
+    ``target (B,)`` holds each row's local column or -1 where another rank owns the class; every rank
+    must pass the same B rows. Returns the same fp32 scalar on every rank (see ``_ShardedCrossEntropy``).
+    """
+    if logits.shape[0] == 0:
+        raise ValueError("sharded_cross_entropy: the batch is empty (0 rows); the mean loss is undefined")
+    return _ShardedCrossEntropy.apply(logits.float(), target)
