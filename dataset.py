@@ -228,13 +228,13 @@ class SyntheticDataset(Dataset):
 
 
 def build_dataset(rec: str, num_classes: int | None = None, image_size: tuple[int, int] = (112, 112),
-                  seed: int = 0) -> Dataset:
-    """``"synthetic"`` → SyntheticDataset (10 images per class); a folder with ``train.rec``/``train.idx``
-    → MXFaceDataset; a folder of identity folders → ImageFolderDataset."""
+                  seed: int = 0, num_images: int | None = None) -> Dataset:
+    """``"synthetic"`` → SyntheticDataset (``num_images``, default 10 per class); a folder with
+    ``train.rec``/``train.idx`` → MXFaceDataset; a folder of identity folders → ImageFolderDataset."""
     if rec == "synthetic":
         if num_classes is None:
             raise ValueError("rec='synthetic' needs num_classes")
-        return SyntheticDataset(num_classes, 10 * num_classes, image_size, seed)
+        return SyntheticDataset(num_classes, num_images or 10 * num_classes, image_size, seed)
     path = Path(rec)
     expected = ("expected 'synthetic', a folder with train.rec and train.idx (MXNet RecordIO), or a folder of "
                 "identity folders of images")
@@ -399,13 +399,46 @@ def get_dataloader(dataset: Dataset, batch_size: int, *, rank: int, world_size: 
                           num_workers=num_workers, device=device, drop_last=drop_last)
 
 
+class DaliLoader:
+    """GPU-decoding loader over ``rec_dir/train.rec`` with NVIDIA DALI, with the trainer's loader interface.
+
+    ``len()`` is the number of whole batches per rank per epoch; ``set_epoch(epoch, start_step)`` skips
+    ``start_step`` batches, so a resumed run continues at the right position but, unlike
+    ``FaceDataLoader``, not with the same images: DALI shuffles within a buffer with its own random stream and
+    flips with its own coin, neither of which can be replayed.
+    """
+
+    def __init__(self, iterator, num_images: int, batch_size: int, world_size: int):
+        self._iterator = iterator
+        self.num_images = num_images
+        self._num_batches = num_images // world_size // batch_size
+        self._skip = 0
+
+    def __len__(self) -> int:
+        return self._num_batches
+
+    def set_epoch(self, epoch: int, start_step: int = 0) -> None:
+        self._skip = start_step
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for step in range(self._num_batches):
+            try:
+                batch = next(self._iterator)[0]
+            except StopIteration:  # DALI's pass over the shard ended a batch early; auto_reset began the next
+                batch = next(self._iterator)[0]
+            if step < self._skip:
+                continue
+            labels = batch["labels"]  # (B,) or (B, K) float: the class id is the first value
+            yield batch["images"], labels.reshape(labels.shape[0], -1)[:, 0].long()
+
+
 def get_dali_dataloader(rec_dir: str | os.PathLike, batch_size: int, *, rank: int, world_size: int, seed: int,
-                        device: torch.device | str, num_threads: int = 4) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+                        device: torch.device | str, num_threads: int = 4) -> DaliLoader:
     """GPU-decoding loader over ``rec_dir/train.rec`` with NVIDIA DALI (optional; untested on CPU machines).
 
     The rec must have no header record (run ``scripts/shuffle_rec.py`` first: DALI reads every index
-    entry as an image and shuffles within a buffer, so a pre-shuffled file gives a better mix). Flips are
-    DALI's coin flips: unlike ``get_dataloader`` they are not reproducible across resumption.
+    entry as an image and shuffles within a buffer, so a pre-shuffled file gives a better mix). See
+    ``DaliLoader`` for what resumption does and does not restore.
     """
     try:
         from nvidia.dali import fn, pipeline_def, types
@@ -420,6 +453,7 @@ def get_dali_dataloader(rec_dir: str | os.PathLike, batch_size: int, *, rank: in
     root = Path(rec_dir)
     with IndexedRecordIO(root / "train.idx", root / "train.rec", "r") as rec:
         layout = detect_layout(rec)[0]
+        num_images = len(rec.keys)
     if layout != "im2rec":
         raise ValueError(f"{root}/train.rec has an insightface header record, which DALI would read as an image; "
                          f"write a shuffled copy without it: python scripts/shuffle_rec.py {root} <out_dir>")
@@ -435,8 +469,6 @@ def get_dali_dataloader(rec_dir: str | os.PathLike, batch_size: int, *, rank: in
 
     pipe = pipeline()
     pipe.build()
-    it = DALIGenericIterator(pipe, ["images", "labels"], reader_name="reader",
-                             last_batch_policy=LastBatchPolicy.DROP, auto_reset=True)
-    for batch in it:
-        labels = batch[0]["labels"]  # (B,) or (B, K) float: the class id is the first value
-        yield batch[0]["images"], labels.reshape(labels.shape[0], -1)[:, 0].long()
+    iterator = DALIGenericIterator(pipe, ["images", "labels"], reader_name="reader",
+                                   last_batch_policy=LastBatchPolicy.DROP, auto_reset=True)
+    return DaliLoader(iter(iterator), num_images, batch_size, world_size)

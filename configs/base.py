@@ -82,7 +82,8 @@ config.num_epoch = 20
 config.warmup_epoch = 0
 # Train for this many optimizer steps instead of num_epoch epochs; 0 = derive from num_epoch; >= 0.
 config.max_steps = 0
-# NVIDIA DALI loader (arcface_torch). Not supported here: must stay False (the loader uses num_workers).
+# NVIDIA DALI loader (GPU JPEG decoding; needs the optional nvidia-dali package, a CUDA device and a rec
+# without the header record: scripts/shuffle_rec.py). Resumes at the right step but not with the same images.
 config.dali = False
 # Data-loading worker processes per rank; >= 0 (0 = load in the training process).
 config.num_workers = 2
@@ -106,8 +107,9 @@ config.resume = False
 # True: when `output` holds a complete checkpoint whose config fingerprint matches, continue from it.
 config.auto_resume = True
 # Write resumable checkpoints (backbone, optimizers, scaler, RNG, head shards) at every epoch end and every
-# save_every_steps; False = write only the backbone weights (output/model.pt), as arcface_torch.
-config.save_all_states = False
+# save_every_steps. On by default so that a crashed job loses at most save_every_steps steps; False = write
+# only the backbone weights (output/model.pt), as arcface_torch does by default.
+config.save_all_states = True
 # Also checkpoint every this many optimizer steps; 0 = only at epoch end; >= 0.
 config.save_every_steps = 0
 # Complete checkpoints kept under output/checkpoints (older ones are deleted); >= 1.

@@ -20,5 +20,4 @@ config.frequent = 5
 config.num_workers = 0
 config.device = "cpu"
 config.output = "work_dirs/debug_cpu"
-config.save_all_states = True
 config.save_every_steps = 5

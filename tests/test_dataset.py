@@ -184,3 +184,15 @@ def test_loader_workers_resume_and_flips(tmp_path):
         img = img.flip(-1) if flips[4 + j] else img
         assert torch.equal(ref[1][0][j], (img.float() - 127.5) / 127.5)
     assert int(flips.sum()) not in (0, len(flips))  # some flipped, some not
+
+
+def test_dali_requested_without_dali_is_one_clear_error(tmp_path):
+    """dali = True on a machine without nvidia.dali (or without CUDA) must say what is missing."""
+    import importlib.util
+
+    from dataset import get_dali_dataloader
+
+    if importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None:
+        pytest.skip("nvidia.dali is installed here")
+    with pytest.raises(RuntimeError, match=r"nvidia\.dali is not installed"):
+        get_dali_dataloader(tmp_path, 8, rank=0, world_size=1, seed=0, device="cpu")

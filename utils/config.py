@@ -312,7 +312,6 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "num_epoch": _rule(lambda v: v >= 0, ">= 0 (and >= 1 unless max_steps > 0)"),
     "warmup_epoch": _rule(lambda v: v >= 0, ">= 0"),
     "max_steps": _rule(lambda v: v >= 0, ">= 0 (0 = derive from num_epoch)"),
-    "dali": _rule(lambda v: v is False, "False (DALI is not supported; the loader uses num_workers processes)"),
     "num_workers": _rule(lambda v: v >= 0, ">= 0"),
     "seed": _rule(lambda v: v >= 0, ">= 0"),
     "verbose": _rule(lambda v: v >= 1, ">= 1"),
