@@ -1,0 +1,209 @@
+"""Score a backbone on verification `.bin` sets (LFW, CFP-FP, AgeDB-30, ...) with the published protocol.
+
+    python -m eval.verify --network r50 --weights model.pt --data-dir DIR --targets lfw,cfp_fp,agedb_30
+    python -m eval.verify --onnx model.onnx --data-dir DIR --targets lfw
+    python -m eval.verify --network r50 --random-init 0 --data-dir DIR     # untrained baseline
+
+Prints one row per target: pairs, accuracy ± std over the 10 folds (flip), accuracy without flip,
+VAL at FAR=1e-3, mean embedding norm (XNorm) and the chosen distance threshold. ``--json`` writes the
+same numbers, ``--roc`` a ROC plot of every target. Errors (missing file, weights that do not fit the
+network) end the program with one line on stderr and a non-zero exit status.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import pickle
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from eval.verification import load_bin, test
+
+# Keys of test()'s result written to --json (the ROC arrays go to --roc instead).
+JSON_KEYS = ("pairs", "acc", "acc_std", "acc_noflip", "val", "val_std", "far", "xnorm", "threshold")
+
+
+class OnnxBackbone(nn.Module):
+    """An exported model run by ONNX Runtime behind the ``nn.Module`` interface ``test()`` expects:
+    (N, 3, H, W) float32 in, (N, D) float32 out, on the CPU (ORT copies to its own device)."""
+
+    def __init__(self, path: str | os.PathLike, device: str = "cpu") -> None:
+        super().__init__()
+        import onnxruntime as ort  # only this path needs it
+
+        providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
+        try:
+            self.session = ort.InferenceSession(str(path), providers=providers)
+        except Exception as exc:  # ORT raises its own exception types for files that are not ONNX models
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            raise ValueError(f"{path}: not a loadable ONNX model ({type(exc).__name__}: {first})") from exc
+        inputs = self.session.get_inputs()
+        if len(inputs) != 1:
+            raise ValueError(f"{path}: expected a model with one input (images), found "
+                             f"{[i.name for i in inputs]}")
+        self.input_name = inputs[0].name
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.session.run(None, {self.input_name: x.detach().cpu().float().numpy()})[0]  # (N, D)
+        return torch.from_numpy(out)
+
+
+def load_weights(model: nn.Module, path: Path, network: str) -> None:
+    """Load the state_dict in ``path`` into ``model``, strictly; ``ValueError`` (one line) on a mismatch.
+
+    Read with ``weights_only=True``: a file that would run code when unpickled is refused. Weights saved
+    from a DDP-wrapped model (every key prefixed ``module.``) are accepted.
+    """
+    if not path.is_file():
+        raise FileNotFoundError(f"weights file not found: {path}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # UnpicklingError for foreign/hostile files, RuntimeError for a damaged zip
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise ValueError(f"{path}: not a loadable weights file ({type(exc).__name__}: {first})") from exc
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{path}: expected a state_dict (a dict of tensors), got {type(state).__name__}")
+    if state and all(k.startswith("module.") for k in state):
+        state = {k[len("module."):]: v for k, v in state.items()}
+    expected = model.state_dict()
+    problems = []
+    for label, keys in (("missing keys", [k for k in expected if k not in state]),
+                        ("unexpected keys", [k for k in state if k not in expected]),
+                        ("shape mismatches", [f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}"
+                                              for k, v in expected.items() if k in state and state[k].shape != v.shape])):
+        if keys:
+            problems.append(f"{len(keys)} {label} (e.g. {', '.join(keys[:3])})")
+    if problems:
+        raise ValueError(f"{path} does not fit network {network}: " + "; ".join(problems))
+    model.load_state_dict(state, strict=True)
+
+
+def _model_arg(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (e.g. widths=[4,8,8,16]), got {text!r}")
+    try:
+        return key, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return key, value  # a bare word is a string
+
+
+def build_backbone(args: argparse.Namespace) -> nn.Module:
+    """The network to evaluate: an ONNX model, trained weights, or a seeded untrained network."""
+    if args.onnx is not None:
+        if not args.onnx.is_file():
+            raise FileNotFoundError(f"ONNX model not found: {args.onnx}")
+        return OnnxBackbone(args.onnx, args.device)
+    from backbones import get_model
+
+    if args.random_init is not None:
+        torch.manual_seed(args.random_init)  # the same SEED gives the same untrained network
+    model = get_model(args.network, num_features=args.embedding_size, **dict(args.model_arg))
+    if args.weights is not None:
+        load_weights(model, args.weights, args.network)
+    return model.to(args.device)
+
+
+def format_row(target: str, r: dict[str, Any]) -> str:
+    return (f"{target:<12} {r['pairs']:>6} {100 * r['acc']:>8.3f} ± {100 * r['acc_std']:<6.3f} "
+            f"{100 * r['acc_noflip']:>8.3f} {100 * r['val']:>7.3f} ± {100 * r['val_std']:<6.3f} "
+            f"{r['xnorm']:>8.3f} {r['threshold']:>7.3f}")
+
+
+HEADER = (f"{'target':<12} {'pairs':>6} {'acc % (flip)':>17} {'no-flip':>8} {'VAL@FAR=1e-3 %':>16} "
+          f"{'XNorm':>8} {'thresh':>7}")
+
+
+def write_roc(path: Path, results: dict[str, dict[str, Any]], title: str) -> None:
+    """ROC curves (TPR over FPR, both mean over folds) of every target, one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on servers
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 5))
+    for target, r in results.items():
+        ax.plot(r["fpr"], r["tpr"], label=f"{target} (acc {100 * r['acc']:.2f}%)")
+    ax.set(xlabel="false positive rate", ylabel="true positive rate", title=title, xlim=(0, 1), ylim=(0, 1.01))
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m eval.verify", description=__doc__.split("\n\n")[0])
+    p.add_argument("--network", help="backbone name (backbones.list_models()); not used with --onnx")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--weights", type=Path, help="state_dict file (official insightface layout)")
+    source.add_argument("--onnx", type=Path, help="exported ONNX model, run with onnxruntime")
+    source.add_argument("--random-init", type=int, metavar="SEED", help="evaluate an untrained network seeded SEED")
+    p.add_argument("--data-dir", type=Path, required=True, help="folder holding <target>.bin")
+    p.add_argument("--targets", default="lfw,cfp_fp,agedb_30", help="comma-separated .bin names")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--embedding-size", type=int, default=512)
+    p.add_argument("--model-arg", type=_model_arg, action="append", default=[], metavar="KEY=VALUE",
+                   help="extra keyword for backbones.get_model, e.g. widths=[16,32,64,128] (repeatable)")
+    p.add_argument("--roc", type=Path, help="write a ROC plot (PNG) of all targets")
+    p.add_argument("--json", type=Path, help="write {target: {pairs, acc, ...}} as JSON")
+    args = p.parse_args(argv)
+    if args.onnx is None and not args.network:
+        p.error("--network is required with --weights or --random-init")
+    if args.onnx is not None and (args.network or args.model_arg):
+        p.error("--onnx evaluates the exported model as it is; --network/--model-arg do not apply")
+    if args.batch_size < 1:
+        p.error(f"--batch-size must be >= 1, got {args.batch_size}")
+    args.targets = [t for t in args.targets.split(",") if t]
+    if not args.targets:
+        p.error("--targets is empty")
+    return args
+
+
+def run(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Evaluate every target; print the table; write --json / --roc. Returns test()'s results."""
+    paths = {t: args.data_dir / f"{t}.bin" for t in args.targets}
+    missing = [str(p) for p in paths.values() if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"verification file(s) not found: {', '.join(missing)}")
+    backbone = build_backbone(args)
+    results: dict[str, dict[str, Any]] = {}
+    rows = []
+    for target, path in paths.items():
+        data = load_bin(path)
+        with tqdm(total=2 * data[0][0].shape[0], desc=target, unit="img", file=sys.stderr, leave=False) as bar:
+            results[target] = test(data, backbone, args.batch_size, progress=bar.update)
+        rows.append(format_row(target, results[target]))
+    print(HEADER)
+    print("\n".join(rows))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        summary = {t: {k: r[k] for k in JSON_KEYS} for t, r in results.items()}
+        args.json.write_text(json.dumps(summary, indent=2) + "\n")
+    if args.roc is not None:
+        args.roc.parent.mkdir(parents=True, exist_ok=True)
+        write_roc(args.roc, results, str(args.onnx or args.weights or f"{args.network} random init {args.random_init}"))
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        run(args)
+    except (FileNotFoundError, ValueError, pickle.UnpicklingError) as exc:
+        # The user's input was wrong: say what and where in one line; a traceback would only hide it.
+        print("eval.verify: error: " + " ".join(str(exc).split()), file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

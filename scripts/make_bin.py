@@ -1,0 +1,67 @@
+"""Build a verification `.bin` (the LFW/CFP-FP/AgeDB-30 format) from a list of image pairs.
+
+    python scripts/make_bin.py --pairs pairs.txt --out my_set.bin [--root IMAGES_DIR]
+
+Every line of the pairs file is ``path1 path2 label``, label 1 for the same identity and 0 otherwise;
+blank lines and lines starting with ``#`` are skipped; relative paths are taken from ``--root`` (default:
+the pairs file's folder). Images are stored as they are on disk (encoded JPEG/PNG bytes), so they should
+already be aligned 112×112 faces.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+import argparse  # noqa: E402
+from typing import Sequence  # noqa: E402
+
+from tqdm import tqdm  # noqa: E402
+
+from eval.verification import save_bin  # noqa: E402
+
+
+def read_pairs(pairs_file: Path, root: Path) -> list[tuple[Path, Path, bool]]:
+    """The pairs in ``pairs_file``; ``ValueError`` naming the file and line for a malformed line or a
+    missing image."""
+    pairs = []
+    for lineno, line in enumerate(pairs_file.read_text().splitlines(), start=1):
+        fields = line.split()
+        if not fields or fields[0].startswith("#"):
+            continue
+        if len(fields) != 3 or fields[2] not in ("0", "1"):
+            raise ValueError(f"{pairs_file}:{lineno}: expected 'path1 path2 0|1', got {line.strip()!r}")
+        a, b = (p if p.is_absolute() else root / p for p in (Path(fields[0]), Path(fields[1])))
+        for p in (a, b):
+            if not p.is_file():
+                raise ValueError(f"{pairs_file}:{lineno}: image not found: {p}")
+        pairs.append((a, b, fields[2] == "1"))
+    if not pairs:
+        raise ValueError(f"{pairs_file}: no pairs (every line is blank or a comment)")
+    return pairs
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", type=Path, required=True, help="text file, one 'path1 path2 0|1' per line")
+    parser.add_argument("--out", type=Path, required=True, help="the .bin to write")
+    parser.add_argument("--root", type=Path, help="folder that relative paths start from (default: the pairs file's)")
+    args = parser.parse_args(argv)
+    try:
+        if not args.pairs.is_file():
+            raise ValueError(f"pairs file not found: {args.pairs}")
+        pairs = read_pairs(args.pairs, args.root or args.pairs.parent)
+        images = []
+        for a, b, _ in tqdm(pairs, desc="reading", unit="pair"):
+            images += [a.read_bytes(), b.read_bytes()]
+        save_bin(args.out, images, [same for _, _, same in pairs])
+    except ValueError as exc:
+        print(f"make_bin: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out}: {len(pairs)} pairs ({sum(s for *_, s in pairs)} same)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

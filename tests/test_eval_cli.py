@@ -1,0 +1,138 @@
+"""python -m eval.verify and scripts/make_bin.py on generated data and a briefly trained tiny network."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+from torchvision.io import encode_jpeg
+
+from conftest import ROOT
+from eval import verify
+from eval.verification import _read_pickle, load_bin, save_bin
+from scripts import make_bin
+
+pytest.importorskip("backbones")
+from backbones import get_model  # noqa: E402
+
+MODEL_ARGS = ["--network", "tiny", "--embedding-size", "16", "--model-arg", "widths=[4,8,8,16]"]
+PAIRS = 40
+
+
+def _faces(labels: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """Two "identities" a CE step can tell apart but an untrained network cannot: the identity is which
+    half (top or bottom: a horizontal flip keeps it) is brighter; a strong random colour cast per image
+    dominates the raw pixels."""
+    n = labels.numel()
+    x = 127.5 + torch.rand(n, 3, 1, 1, generator=g) * 200 - 100 + 10 * torch.randn(n, 3, 112, 112, generator=g)
+    sign = (2 * labels.float() - 1).view(n, 1, 1, 1)
+    x[:, :, :56] += 30 * sign
+    x[:, :, 56:] -= 30 * sign
+    return x.clamp(0, 255).round().to(torch.uint8)  # (n, 3, 112, 112)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A .bin of 40 pairs, the weights of a tiny network trained 25 CE steps, and its ONNX export."""
+    out = tmp_path_factory.mktemp("cli")
+    g = torch.Generator().manual_seed(0)
+    issame = [i % 2 == 0 for i in range(PAIRS)]
+    labels = torch.tensor([[i % 4 < 2, (i % 4 < 2) == same] for i, same in enumerate(issame)]).flatten().long()
+    images = _faces(labels, g)
+    save_bin(out / "synth.bin", [encode_jpeg(im, quality=95).numpy().tobytes() for im in images], issame)
+
+    torch.manual_seed(0)
+    net = get_model("tiny", num_features=16, widths=(4, 8, 8, 16))
+    head = nn.Linear(16, 2)
+    opt = torch.optim.SGD([*net.parameters(), *head.parameters()], lr=0.1, momentum=0.9)
+    for _ in range(25):
+        y = torch.randint(0, 2, (16,), generator=g)
+        loss = nn.functional.cross_entropy(head(net((_faces(y, g).float() - 127.5) / 127.5)), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    torch.save(net.state_dict(), out / "model.pt")
+    net.eval()
+    torch.onnx.export(net, torch.zeros(1, 3, 112, 112), out / "model.onnx", dynamo=False,
+                      input_names=["data"], output_names=["embedding"],
+                      dynamic_axes={"data": {0: "batch"}, "embedding": {0: "batch"}})
+    return out
+
+
+def _run(capsys, *argv) -> tuple[int, str, str]:
+    rc = verify.main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
+
+
+@pytest.mark.timeout(120)
+def test_trained_network_beats_untrained_baseline(trained, capsys):
+    rc, out, _ = _run(capsys, *MODEL_ARGS, "--weights", trained / "model.pt", "--data-dir", trained,
+                      "--targets", "synth", "--batch-size", "32", "--json", trained / "trained.json",
+                      "--roc", trained / "roc.png")
+    assert rc == 0
+    assert out.splitlines()[0].startswith("target") and out.splitlines()[1].startswith("synth")
+    rc, _, _ = _run(capsys, *MODEL_ARGS, "--random-init", "0", "--data-dir", trained, "--targets", "synth",
+                    "--json", trained / "random.json")
+    assert rc == 0
+    ours = json.loads((trained / "trained.json").read_text())["synth"]
+    baseline = json.loads((trained / "random.json").read_text())["synth"]
+    assert set(ours) == set(verify.JSON_KEYS) and ours["pairs"] == PAIRS
+    assert ours["acc"] >= 0.9 and baseline["acc"] <= 0.7, (ours["acc"], baseline["acc"])
+    assert (trained / "roc.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # The exported model gives the same table through onnxruntime.
+    rc, _, _ = _run(capsys, "--onnx", trained / "model.onnx", "--data-dir", trained, "--targets", "synth",
+                    "--json", trained / "onnx.json")
+    assert rc == 0
+    via_onnx = json.loads((trained / "onnx.json").read_text())["synth"]
+    assert via_onnx["acc"] == ours["acc"] and via_onnx["xnorm"] == pytest.approx(ours["xnorm"], rel=1e-4)
+
+
+@pytest.mark.timeout(60)
+def test_mismatched_weights_exit_with_one_line(trained):
+    # A real process: the exit status and the whole of stderr are what a user sees.
+    cmd = [sys.executable, "-m", "eval.verify", "--network", "tiny", "--embedding-size", "16",
+           "--model-arg", "widths=[4,8,8,32]", "--weights", str(trained / "model.pt"),
+           "--data-dir", str(trained), "--targets", "synth"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=50)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "does not fit network tiny" in lines[0] and "shape mismatch" in lines[0], proc.stderr
+
+
+def test_missing_files_and_exclusive_sources(trained, capsys):
+    rc, _, err = _run(capsys, *MODEL_ARGS, "--weights", trained / "nope.pt", "--data-dir", trained,
+                      "--targets", "synth")
+    assert rc == 2 and err.strip().splitlines() == [f"eval.verify: error: weights file not found: {trained / 'nope.pt'}"]
+    rc, _, err = _run(capsys, *MODEL_ARGS, "--random-init", "0", "--data-dir", trained, "--targets", "synth,lfw")
+    assert rc == 2 and "lfw.bin" in err and len(err.strip().splitlines()) == 1
+    with pytest.raises(SystemExit):
+        verify.main([*MODEL_ARGS, "--random-init", "0", "--weights", str(trained / "model.pt"),
+                     "--data-dir", str(trained)])
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_make_bin_round_trip(tmp_path):
+    g = torch.Generator().manual_seed(3)
+    (tmp_path / "imgs").mkdir()
+    for i in range(4):
+        (tmp_path / "imgs" / f"{i}.jpg").write_bytes(
+            encode_jpeg(torch.randint(0, 256, (3, 112, 112), generator=g, dtype=torch.uint8)).numpy().tobytes())
+    (tmp_path / "pairs.txt").write_text("# a comment\nimgs/0.jpg imgs/1.jpg 1\n\nimgs/2.jpg imgs/3.jpg 0\n")
+    assert make_bin.main(["--pairs", str(tmp_path / "pairs.txt"), "--out", str(tmp_path / "out.bin")]) == 0
+    (images, _), issame = load_bin(tmp_path / "out.bin")
+    assert issame == [True, False] and images.shape == (4, 3, 112, 112)
+    stored, _ = _read_pickle(tmp_path / "out.bin")  # the files' bytes, unchanged and in pair order
+    assert stored == [(tmp_path / "imgs" / f"{i}.jpg").read_bytes() for i in range(4)]
+
+    (tmp_path / "bad.txt").write_text("imgs/0.jpg imgs/1.jpg 1\nimgs/2.jpg imgs/9.jpg 0\n")
+    assert make_bin.main(["--pairs", str(tmp_path / "bad.txt"), "--out", str(tmp_path / "bad.bin")]) == 2
+    (tmp_path / "bad.txt").write_text("imgs/0.jpg imgs/1.jpg yes\n")
+    with pytest.raises(ValueError, match=r"bad\.txt:1: expected 'path1 path2 0\|1'"):
+        make_bin.read_pairs(tmp_path / "bad.txt", tmp_path)
+    assert not (tmp_path / "bad.bin").exists()
+
