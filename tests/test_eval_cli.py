@@ -81,7 +81,8 @@ def test_trained_network_beats_untrained_baseline(trained, capsys):
     ours = json.loads((trained / "trained.json").read_text())["synth"]
     baseline = json.loads((trained / "random.json").read_text())["synth"]
     assert set(ours) == set(verify.JSON_KEYS) and ours["pairs"] == PAIRS
-    assert ours["acc"] >= 0.9 and baseline["acc"] <= 0.7, (ours["acc"], baseline["acc"])
+    # measured: 0.925 trained, 0.525 untrained; the bounds leave room for other CPUs' rounding
+    assert ours["acc"] >= 0.8 and baseline["acc"] <= 0.65, (ours["acc"], baseline["acc"])
     assert (trained / "roc.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # The exported model gives the same table through onnxruntime.
