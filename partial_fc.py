@@ -1,0 +1,417 @@
+"""Partial FC: a margin-softmax classification head whose class centres are sharded over ranks.
+
+An, Deng et al., "Killing Two Birds With One Stone: Efficient and Robust Training of Face Recognition
+CNNs by Partial FC", CVPR 2022. Rank ``r`` owns the class centres ``class_partition(C, W, r)``; every
+rank sees the whole global batch (embeddings are all-gathered), computes cosines against its (sampled)
+centres only, and a distributed softmax cross-entropy combines the shards in log space. No rank ever
+holds the (B_global, C) logits.
+
+Gradient convention (see ``utils.distributed``): ``loss`` is the mean cross-entropy over the *global*
+batch; after ``loss.backward()``, ``local_embeddings.grad`` is ``W × ∂loss/∂local_embeddings`` so that
+DDP's averaging of the backbone gradients yields the single-process gradient, and ``weight.grad`` is
+``∂loss/∂weight`` for this rank's shard (dense at ``sample_rate == 1``; a sparse COO tensor whose rows
+are the sampled classes at ``sample_rate < 1``).
+
+Sparse update (the Partial FC method): with ``sample_rate < 1`` a step samples every class present in
+the global batch plus uniformly drawn negatives, gathers those rows with
+``F.embedding(index, weight, sparse=True)`` and only those rows (weights *and* optimizer state) change:
+unsampled rows keep their values, momentum and Adam moments, and get no weight decay. The optimizers of
+``build_head_optimizer`` (``RowSparseSGD``, ``RowSparseAdamW``) implement that; they also accept dense
+gradients (``sample_rate == 1``), where ``RowSparseSGD`` performs exactly ``torch.optim.SGD``'s update.
+
+How a trainer uses it::
+
+    head = PartialFC(ArcFace(), 512, num_classes, sample_rate=0.1, seed=cfg.seed).to(device)
+    opt_backbone = torch.optim.SGD(ddp_backbone.parameters(), lr=lr, momentum=0.9, weight_decay=5e-4)
+    opt_head = build_head_optimizer(head, "sgd", lr=lr, momentum=0.9, weight_decay=5e-4)
+    for step, (images, labels) in ...:
+        for opt in (opt_backbone, opt_head):          # the same LR on both, once per optimizer step
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step)
+        with autocast:
+            loss = head(ddp_backbone(images), labels)
+        scaler.scale(loss).backward()
+        scaler.step(opt_backbone); scaler.step(opt_head); scaler.update()
+        opt_backbone.zero_grad(set_to_none=True); opt_head.zero_grad(set_to_none=True)
+
+The head is not wrapped in DDP (its parameters are different on every rank). Checkpoints save each
+rank's ``weight`` and ``opt_head.state_dict()``; every state tensor has first dimension ``num_local``
+so shards can be re-partitioned to another world size row by row.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from utils.distributed import all_gather_cat, all_gather_sizes, get_rank, get_world_size, sharded_cross_entropy
+
+__all__ = [
+    "PartialFC", "PartialFC_V2", "RowSparseAdamW", "RowSparseSGD", "build_head_optimizer", "class_partition",
+]
+
+logger = logging.getLogger(__name__)
+
+_INIT_BLOCK = 1024  # classes per independently seeded block of initial weights
+_NORM_EPS = 1e-12  # as F.normalize
+_ROW_CHUNK = 2048  # rows per fused optimizer update: keeps temporaries small and in cache
+
+
+def class_partition(num_classes: int, world_size: int, rank: int) -> tuple[int, int]:
+    """``(class_start, num_local)`` of the contiguous class ids owned by ``rank``.
+
+    The first ``num_classes % world_size`` ranks own one class more. Raises ``ValueError`` when
+    ``num_classes < world_size`` (a rank would own no class) or for an out-of-range rank.
+    """
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"class_partition: rank={rank} world_size={world_size}; need 0 <= rank < world_size")
+    if num_classes < world_size:
+        raise ValueError(f"class_partition: num_classes={num_classes} < world_size={world_size}; "
+                         f"every rank must own at least one class")
+    base, extra = divmod(num_classes, world_size)
+    return rank * base + min(rank, extra), base + (1 if rank < extra else 0)
+
+
+def _init_rows(seed: int, class_start: int, num_local: int, dim: int) -> Tensor:
+    """``normal(0, 0.01)`` rows for classes ``[class_start, class_start + num_local)``.
+
+    Rows come from blocks of ``_INIT_BLOCK`` classes, each drawn from its own generator seeded by
+    ``(seed, block)``, so class ``c``'s initial centre depends only on ``seed`` and ``c``: the full
+    weight is the same for every world size.
+    """
+    out = torch.empty(num_local, dim)  # (num_local, D)
+    end = class_start + num_local
+    generator = torch.Generator()
+    for block in range(class_start // _INIT_BLOCK, (end - 1) // _INIT_BLOCK + 1):
+        generator.manual_seed((seed * 1_000_003 + block) % (2**63))
+        values = torch.randn(_INIT_BLOCK, dim, generator=generator).mul_(0.01)  # (BLOCK, D)
+        lo, hi = max(class_start, block * _INIT_BLOCK), min(end, (block + 1) * _INIT_BLOCK)
+        out[lo - class_start: hi - class_start] = values[lo - block * _INIT_BLOCK: hi - block * _INIT_BLOCK]
+    return out
+
+
+class _NormalizedLinear(torch.autograd.Function):
+    """Cosines between rows of ``emb (B, D)`` and rows of ``weight (C, D)``: ``(B, C)`` fp32.
+
+    Forward: ``cos = (emb / |emb|) @ (weight / |weight|)ᵀ``, computed as ``(ê @ Wᵀ) · diag(1/|W|)`` so the
+    normalised weight is never materialised. The matmul runs in the ambient autocast dtype, if any.
+    Backward, with ``g = ∂L/∂cos`` and ``G = g · diag(1/|W|)``:
+    ``∂L/∂W = Gᵀ ê − diag(Σ_b g⊙cos / |W|²) W`` and ``∂L/∂emb = diag(1/|e|)(G W − diag(Σ_c g⊙cos) ê)``
+    (the row dots ``ŵ·∂L/∂ŵ`` equal ``Σ_b g⊙cos``, so no (C, D) temporary is needed). Rows with a norm
+    below 1e-12 are divided by 1e-12 instead, as ``F.normalize``. The saved cosine buffer is reused in
+    backward, so the backward can run once.
+    """
+
+    @staticmethod
+    def forward(ctx, emb: Tensor, weight: Tensor) -> Tensor:
+        device_type = emb.device.type
+        compute_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) \
+            else torch.float32
+        with torch.autocast(device_type, enabled=False):
+            emb = emb.float()
+            e_norm = torch.linalg.vector_norm(emb, dim=1)  # (B,)
+            w_norm = torch.linalg.vector_norm(weight, dim=1)  # (C,)
+            inv_e = 1.0 / e_norm.clamp_min(_NORM_EPS)  # (B,)
+            inv_w = 1.0 / w_norm.clamp_min(_NORM_EPS)  # (C,)
+            e_hat = emb * inv_e[:, None]  # (B, D)
+            cos = torch.mm(e_hat.to(compute_dtype), weight.to(compute_dtype).t()).float()  # (B, C)
+            cos.mul_(inv_w[None, :])
+        ctx.compute_dtype = compute_dtype
+        ctx.save_for_backward(e_hat, weight, inv_e, inv_w, e_norm > _NORM_EPS, w_norm > _NORM_EPS, cos)
+        return cos
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        e_hat, weight, inv_e, inv_w, e_ok, w_ok, cos = ctx.saved_tensors
+        cd = ctx.compute_dtype
+        prod = cos.mul_(grad)  # (B, C) g⊙cos, in the forward's buffer
+        dot_w = prod.sum(dim=0).mul_(w_ok)  # (C,) ŵ·∂L/∂ŵ
+        dot_e = prod.sum(dim=1).mul_(e_ok)  # (B,) ê·∂L/∂ê
+        scaled = torch.mul(grad, inv_w[None, :], out=prod)  # (B, C) G
+        grad_emb = grad_weight = None
+        if ctx.needs_input_grad[0]:
+            d_e_hat = torch.mm(scaled.to(cd), weight.to(cd)).float()  # (B, D)
+            grad_emb = d_e_hat.sub_(e_hat * dot_e[:, None]).mul_(inv_e[:, None])
+        if ctx.needs_input_grad[1]:
+            grad_weight = torch.mm(scaled.t().to(cd), e_hat.to(cd)).to(weight.dtype)  # (C, D)
+            grad_weight.addcmul_(weight, (dot_w * inv_w * inv_w)[:, None], value=-1.0)
+        return grad_emb, grad_weight
+
+
+class PartialFC(nn.Module):
+    """Margin-softmax head with class centres sharded over ranks and optional class sampling.
+
+    Args:
+        margin_loss: maps ``(cosines (B, C_sampled), labels (B,) with -1 = elsewhere)`` to scaled logits,
+            e.g. ``losses.ArcFace()``.
+        embedding_size: D.
+        num_classes: C over all ranks (>= world size).
+        sample_rate: fraction of this rank's classes used per step, in (0, 1]. Below 1, every class in the
+            global batch is kept and ``int(sample_rate · num_local)`` classes are used in all (more if the
+            batch has more classes); negatives are drawn uniformly without replacement with a generator
+            seeded each step from the global torch RNG (one ``torch.randint`` draw per step on every rank).
+        seed: initial centres are ``normal(0, 0.01)`` and depend only on ``(seed, class id)``, not on the
+            world size (see ``_init_rows``).
+
+    Attributes: ``weight`` (num_local, D) fp32 Parameter, ``class_start``, ``num_local``.
+    ``forward(local_embeddings (B, D), local_labels (B,))`` returns the mean loss over the global batch;
+    B may differ between ranks and steps.
+    """
+
+    def __init__(self, margin_loss: Callable[[Tensor, Tensor], Tensor], embedding_size: int, num_classes: int,
+                 sample_rate: float = 1.0, *, seed: int = 0) -> None:
+        super().__init__()
+        if not callable(margin_loss):
+            raise ValueError(f"PartialFC: margin_loss must be callable (e.g. losses.ArcFace()), got {margin_loss!r}")
+        if embedding_size < 1:
+            raise ValueError(f"PartialFC: embedding_size={embedding_size} must be >= 1")
+        if not 0.0 < sample_rate <= 1.0:
+            raise ValueError(f"PartialFC: sample_rate={sample_rate} must be in (0, 1]")
+        self.world_size = get_world_size()
+        self.rank = get_rank()
+        self.class_start, self.num_local = class_partition(num_classes, self.world_size, self.rank)
+        self.margin_loss = margin_loss
+        self.embedding_size = embedding_size
+        self.num_classes = num_classes
+        self.sample_rate = sample_rate
+        self.num_sample = int(sample_rate * self.num_local)
+        self.weight = nn.Parameter(_init_rows(seed, self.class_start, self.num_local, embedding_size))
+        self._generator: torch.Generator | None = None
+
+    def extra_repr(self) -> str:
+        return (f"embedding_size={self.embedding_size}, num_classes={self.num_classes}, "
+                f"sample_rate={self.sample_rate}, class_start={self.class_start}, num_local={self.num_local}")
+
+    def _check_sizes(self, local_embeddings: Tensor, local_labels: Tensor) -> list[int]:
+        """Gather every rank's input shapes and raise the same ``ValueError`` on every rank if one is bad."""
+        emb_ok = local_embeddings.dim() == 2 and local_embeddings.shape[1] == self.embedding_size
+        labels_ok = not (local_labels.is_floating_point() or local_labels.is_complex() or local_labels.dtype == torch.bool)
+        shapes = all_gather_sizes([local_embeddings.shape[0] if local_embeddings.dim() else -1,
+                                   local_labels.numel(), int(emb_ok), int(labels_ok)], local_embeddings.device)
+        for rank, (n_emb, n_lab, e_ok, l_ok) in enumerate(shapes.tolist()):
+            if not (e_ok and l_ok and n_emb == n_lab):
+                raise ValueError(
+                    f"PartialFC.forward on rank {rank}: expected embeddings (B, {self.embedding_size}) and B integer "
+                    f"labels; got {n_emb} embedding rows (shape ok: {bool(e_ok)}) and {n_lab} labels "
+                    f"(integer: {bool(l_ok)})")
+        batch = shapes[:, 0].tolist()
+        if sum(batch) == 0:
+            raise ValueError("PartialFC.forward: the global batch is empty (0 samples on every rank)")
+        return batch
+
+    def _sample(self, positives: Tensor) -> Tensor:
+        """Sorted local class indices used this step: all ``positives`` plus uniform negatives."""
+        device = self.weight.device
+        # Drawn every step on every rank, sampled or not, so the global RNG streams stay aligned.
+        seed = int(torch.randint(0, 2**62, (1,)).item())
+        mask = torch.zeros(self.num_local, dtype=torch.bool, device=device)  # (num_local,)
+        mask[positives] = True
+        index = torch.nonzero(mask).view(-1)  # (P,) sorted
+        missing = self.num_sample - index.numel()
+        if missing <= 0:
+            return index
+        if self._generator is None or self._generator.device != torch.device(device):
+            self._generator = torch.Generator(device=device)
+        self._generator.manual_seed(seed)
+        perm = torch.randperm(self.num_local, generator=self._generator, device=device)  # (num_local,)
+        negatives = perm[~mask[perm]][:missing]  # (num_sample - P,)
+        return torch.cat([index, negatives]).sort().values  # (num_sample,)
+
+    def forward(self, local_embeddings: Tensor, local_labels: Tensor) -> Tensor:
+        """Mean margin-softmax cross-entropy over the global batch (the same scalar on every rank).
+
+        Raises ``ValueError`` on every rank when any rank passes a label outside ``[0, num_classes)`` or
+        mismatched shapes.
+        """
+        batch_sizes = self._check_sizes(local_embeddings, local_labels)
+        labels = all_gather_cat(local_labels.reshape(-1).long(), sizes=batch_sizes)  # (B_global,)
+        bad = (labels < 0) | (labels >= self.num_classes)  # (B_global,)
+        if bool(bad.any()):
+            position = int(torch.nonzero(bad)[0, 0])
+            rank = next(r for r in range(len(batch_sizes)) if position < sum(batch_sizes[: r + 1]))
+            raise ValueError(f"PartialFC.forward: label {int(labels[position])} (rank {rank}, sample "
+                             f"{position - sum(batch_sizes[:rank])}) is outside [0, {self.num_classes})")
+        embeddings = all_gather_cat(local_embeddings, grad_scale=float(self.world_size), sizes=batch_sizes)  # (B_g, D)
+
+        local = labels - self.class_start  # (B_global,)
+        in_shard = (local >= 0) & (local < self.num_local)  # (B_global,)
+        if self.sample_rate < 1.0:
+            index = self._sample(local[in_shard])  # (C_s,) sorted
+            weight = F.embedding(index, self.weight, sparse=True)  # (C_s, D); sparse grad on the sampled rows
+            target = torch.full_like(labels, -1)  # (B_global,)
+            target[in_shard] = torch.searchsorted(index, local[in_shard])
+        else:
+            weight = self.weight  # (num_local, D)
+            target = torch.where(in_shard, local, torch.full_like(local, -1))  # (B_global,)
+
+        cos = _NormalizedLinear.apply(embeddings, weight)  # (B_global, C_s) fp32
+        logits = self.margin_loss(cos, target)  # (B_global, C_s)
+        return sharded_cross_entropy(logits, target)
+
+
+PartialFC_V2 = PartialFC
+
+
+def _rows_of(grad: Tensor) -> tuple[Tensor | None, Tensor]:
+    """``(row indices, values)`` of a sparse row gradient with unique rows; ``(None, grad)`` if dense."""
+    if not grad.is_sparse:
+        return None, grad
+    if not grad.is_coalesced():
+        rows = grad._indices()[0]  # (nnz,)
+        # One micro-step's gradient from F.embedding has sorted unique rows: skip the copy that coalesce makes.
+        if rows.numel() > 1 and not bool((rows[1:] > rows[:-1]).all()):
+            grad = grad.coalesce()
+    if grad.sparse_dim() != 1 or grad.dense_dim() != 1:
+        raise ValueError(f"row-sparse optimizer: expected a sparse gradient of (rows, D), got sparse_dim "
+                         f"{grad.sparse_dim()} dense_dim {grad.dense_dim()}")
+    return grad._indices()[0], grad._values()
+
+
+class _RowSparseOptimizer(torch.optim.Optimizer):
+    """Base: eager row-wise state, and ``step`` routing dense and row-sparse gradients to ``_update``."""
+
+    _state_keys: tuple[str, ...] = ()
+
+    def __init__(self, params: Iterable[Tensor], defaults: dict[str, Any]) -> None:
+        super().__init__(params, defaults)
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p] = self._init_state(p)
+
+    def _init_state(self, p: Tensor) -> dict[str, Tensor]:
+        raise NotImplementedError
+
+    def _update(self, group: dict[str, Any], p: Tensor, state: dict[str, Tensor], rows: Tensor | None,
+                grad: Tensor, param_rows: Tensor, state_rows: dict[str, Tensor]) -> None:
+        """Update ``param_rows`` and ``state_rows`` (row slices or gathered copies) in place."""
+        raise NotImplementedError
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                for key in self._state_keys:
+                    if key not in state or state[key].shape[0] != p.shape[0]:
+                        got = tuple(state[key].shape) if key in state else "missing"
+                        raise ValueError(f"{type(self).__name__}.load_state_dict: state {key!r} is {got}; "
+                                         f"expected first dimension {p.shape[0]} (the parameter's rows)")
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
+        """One update of the rows present in each parameter's gradient (all rows for a dense gradient)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                rows, values = _rows_of(p.grad)
+                if rows is None:
+                    self._update(group, p, state, None, values, p, state)
+                    continue
+                for start in range(0, rows.numel(), _ROW_CHUNK):
+                    idx = rows[start: start + _ROW_CHUNK]  # (chunk,)
+                    param_rows = p.index_select(0, idx)  # (chunk, D)
+                    state_rows = {k: state[k].index_select(0, idx) for k in self._state_keys}
+                    self._update(group, p, state, idx, values[start: start + _ROW_CHUNK], param_rows, state_rows)
+                    p.index_copy_(0, idx, param_rows)
+                    for k in self._state_keys:
+                        state[k].index_copy_(0, idx, state_rows[k])
+        return loss
+
+
+class RowSparseSGD(_RowSparseOptimizer):
+    """SGD with momentum and weight decay that only touches the rows present in the gradient.
+
+    On those rows the update is ``torch.optim.SGD``'s (dampening 0, no Nesterov):
+    ``d = g + wd·w; buf = momentum·buf + d; w -= lr·buf``; other rows, their momentum and their decay
+    are left alone. State: ``momentum_buffer`` (rows, D), allocated as zeros at construction.
+    """
+
+    _state_keys = ("momentum_buffer",)
+
+    def __init__(self, params: Iterable[Tensor], lr: float, momentum: float = 0.9, weight_decay: float = 5e-4) -> None:
+        for name, value in (("lr", lr), ("momentum", momentum), ("weight_decay", weight_decay)):
+            if not value >= 0.0:
+                raise ValueError(f"RowSparseSGD: {name}={value} must be >= 0")
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
+
+    def _init_state(self, p: Tensor) -> dict[str, Tensor]:
+        return {"momentum_buffer": torch.zeros_like(p, memory_format=torch.contiguous_format)}
+
+    def _update(self, group, p, state, rows, grad, param_rows, state_rows) -> None:
+        # The same operations, in the same order, as torch.optim.SGD's single-tensor path.
+        d = grad.add(param_rows, alpha=group["weight_decay"]) if group["weight_decay"] != 0 else grad
+        buf = state_rows["momentum_buffer"]
+        buf.mul_(group["momentum"]).add_(d)
+        param_rows.add_(buf, alpha=-group["lr"])
+
+
+class RowSparseAdamW(_RowSparseOptimizer):
+    """AdamW (decoupled weight decay) with per-row step counts, touching only the rows present.
+
+    A "lazy Adam": a row's moments, its decay and its bias correction advance only in steps where the
+    row is sampled, so ``step`` is a (rows,) fp32 count. On present rows, as ``torch.optim.AdamW``:
+    ``w *= 1 − lr·wd; m = β1·m + (1−β1)·g; v = β2·v + (1−β2)·g²;
+    w -= lr/(1−β1^t) · m / (sqrt(v)/sqrt(1−β2^t) + eps)``. State: ``exp_avg``, ``exp_avg_sq`` (rows, D)
+    and ``step`` (rows,), allocated as zeros at construction.
+    """
+
+    _state_keys = ("exp_avg", "exp_avg_sq", "step")
+
+    def __init__(self, params: Iterable[Tensor], lr: float, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 5e-4) -> None:
+        if not (lr >= 0.0 and eps >= 0.0 and weight_decay >= 0.0 and all(0.0 <= b < 1.0 for b in betas)):
+            raise ValueError(f"RowSparseAdamW: lr={lr} eps={eps} weight_decay={weight_decay} betas={betas}; "
+                             f"need lr, eps, weight_decay >= 0 and betas in [0, 1)")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+
+    def _init_state(self, p: Tensor) -> dict[str, Tensor]:
+        return {
+            "exp_avg": torch.zeros_like(p, memory_format=torch.contiguous_format),
+            "exp_avg_sq": torch.zeros_like(p, memory_format=torch.contiguous_format),
+            "step": torch.zeros(p.shape[0], dtype=torch.float32, device=p.device),
+        }
+
+    def _update(self, group, p, state, rows, grad, param_rows, state_rows) -> None:
+        lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+        beta1, beta2 = group["betas"]
+        step = state_rows["step"]
+        step.add_(1.0)
+        param_rows.mul_(1.0 - lr * wd)
+        exp_avg, exp_avg_sq = state_rows["exp_avg"], state_rows["exp_avg_sq"]
+        exp_avg.lerp_(grad, 1.0 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+        bias1 = 1.0 - torch.pow(beta1, step)  # (rows,)
+        bias2_sqrt = (1.0 - torch.pow(beta2, step)).sqrt_()  # (rows,)
+        denom = (exp_avg_sq.sqrt() / bias2_sqrt[:, None].to(exp_avg_sq.dtype)).add_(eps)  # (rows, D)
+        param_rows.addcdiv_(exp_avg * (-lr / bias1)[:, None].to(exp_avg.dtype), denom)
+
+
+_HEAD_OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "sgd": lambda params, lr, momentum, weight_decay, betas, eps: RowSparseSGD(
+        params, lr=lr, momentum=momentum, weight_decay=weight_decay),
+    "adamw": lambda params, lr, momentum, weight_decay, betas, eps: RowSparseAdamW(
+        params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay),
+}
+
+
+def build_head_optimizer(pfc: PartialFC, name: Literal["sgd", "adamw"], lr: float, momentum: float = 0.9,
+                         weight_decay: float = 5e-4, betas: tuple[float, float] = (0.9, 0.999),
+                         eps: float = 1e-8) -> torch.optim.Optimizer:
+    """Row-sparse optimizer over ``pfc.weight``: ``RowSparseSGD`` (``"sgd"``) or ``RowSparseAdamW`` (``"adamw"``).
+
+    ``state[pfc.weight]`` holds tensors whose first dimension is ``pfc.num_local``. Raises ``ValueError``
+    for an unknown name.
+    """
+    if name not in _HEAD_OPTIMIZERS:
+        raise ValueError(f"build_head_optimizer: unknown optimizer {name!r}; expected one of {sorted(_HEAD_OPTIMIZERS)}")
+    return _HEAD_OPTIMIZERS[name]([pfc.weight], lr, momentum, weight_decay, betas, eps)

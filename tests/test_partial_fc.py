@@ -1,0 +1,382 @@
+"""PartialFC and its optimizers against single-process references on 1, 2 and 3 gloo ranks.
+
+Each spawned run groups several checks (sample_rate 1 loss/gradients for ArcFace and CosFace, a DDP
+training step with SGD and AdamW, sparse sampling, label errors, a saturated loss) to keep the number
+of process starts low.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import partial_fc
+from losses import ArcFace, CosFace
+from partial_fc import PartialFC, RowSparseAdamW, RowSparseSGD, build_head_optimizer, class_partition
+from tests._dist import run_distributed
+from utils.distributed import sharded_cross_entropy
+
+pytestmark = pytest.mark.timeout(180)
+
+NUM_CLASSES, D, IN = 11, 8, 6
+SIZES = (5, 4, 5)  # per-rank batch sizes; rank 1 differs
+MARGINS = {"arcface": lambda: ArcFace(s=16.0, margin=0.5), "cosface": lambda: CosFace(s=16.0, m=0.35)}
+LR, MOMENTUM, WD = 0.1, 0.9, 5e-4
+
+
+def _global_batch(world: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(inputs (N, IN), embeddings (N, D), labels (N,)) with N = sum of the first `world` SIZES."""
+    g = torch.Generator().manual_seed(seed)
+    n = sum(SIZES[:world])
+    labels = torch.randint(0, NUM_CLASSES, (n,), generator=g)
+    labels[0] = NUM_CLASSES - 1  # the last class (on the last rank) always appears
+    return torch.randn(n, IN, generator=g), torch.randn(n, D, generator=g), labels
+
+
+def _local(t: torch.Tensor, rank: int) -> torch.Tensor:
+    start = sum(SIZES[:rank])
+    return t[start: start + SIZES[rank]]
+
+
+def _ref_loss(emb: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, margin: nn.Module) -> torch.Tensor:
+    """Single-process reference: full weight, F.normalize, the margin, F.cross_entropy."""
+    return F.cross_entropy(margin(F.normalize(emb) @ F.normalize(weight).t(), labels), labels)
+
+
+def _backbone() -> nn.Module:
+    torch.manual_seed(3)
+    return nn.Sequential(nn.Linear(IN, 16), nn.Tanh(), nn.Linear(16, D))
+
+
+def _train_steps(backbone: nn.Module, head_fn, head_opt: torch.optim.Optimizer, opt_name: str,
+                 inputs_per_step, labels_per_step) -> None:
+    """Steps of backbone (SGD or AdamW) + head, one backward per step."""
+    if opt_name == "sgd":
+        opt_b = torch.optim.SGD(backbone.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WD)
+    else:
+        opt_b = torch.optim.AdamW(backbone.parameters(), lr=LR, weight_decay=WD)
+    for x, y in zip(inputs_per_step, labels_per_step):
+        head_fn(backbone(x), y).backward()
+        opt_b.step()
+        head_opt.step()
+        opt_b.zero_grad(set_to_none=True)
+        head_opt.zero_grad(set_to_none=True)
+
+
+def _worker(rank: int, world: int) -> dict:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    out: dict = {}
+    inputs, emb, labels = _global_batch(world)
+    # 1. sample_rate 1: loss, embedding gradient (x W) and weight gradient, both margins.
+    for name, make in MARGINS.items():
+        pfc = PartialFC(make(), D, NUM_CLASSES)
+        out[f"{name}/shard"] = pfc.weight.detach().numpy().copy()
+        out["class_range"] = (pfc.class_start, pfc.num_local)
+        e = _local(emb, rank).clone().requires_grad_()
+        loss = pfc(e, _local(labels, rank))
+        loss.backward()
+        out[f"{name}/loss"] = loss.item()
+        out[f"{name}/emb_grad"] = e.grad.numpy()
+        out[f"{name}/weight_grad"] = pfc.weight.grad.numpy()
+    # 2. two training steps of a DDP backbone + head, SGD and AdamW.
+    for opt_name in ("sgd", "adamw"):
+        backbone = DDP(_backbone())
+        pfc = PartialFC(MARGINS["arcface"](), D, NUM_CLASSES)
+        opt_h = build_head_optimizer(pfc, opt_name, lr=LR, momentum=MOMENTUM, weight_decay=WD)
+        steps_x = [_local(inputs, rank), _local(inputs.flip(0), rank)]
+        steps_y = [_local(labels, rank), _local(labels.flip(0), rank)]
+        _train_steps(backbone, pfc, opt_h, opt_name, steps_x, steps_y)
+        out[f"{opt_name}/backbone"] = [p.detach().numpy().copy() for p in backbone.module.parameters()]
+        out[f"{opt_name}/head"] = pfc.weight.detach().numpy().copy()
+    # 3. label error raised on every rank (the bad label sits on the last rank).
+    pfc = PartialFC(MARGINS["cosface"](), D, NUM_CLASSES)
+    bad = _local(labels, rank).clone()
+    if rank == world - 1:
+        bad[-1] = NUM_CLASSES
+    try:
+        pfc(_local(emb, rank), bad)
+        out["label_error"] = None
+    except ValueError as exc:
+        out["label_error"] = str(exc)
+    # 4. sharded cross-entropy with a saturated loss: rank r holds columns r, r+W, ...
+    logits, target = _saturated_logits()
+    cols = torch.arange(rank, logits.shape[1], world)
+    local_logits = logits[:, cols].clone().requires_grad_()
+    local_target = torch.full_like(target, -1)
+    hit = (target % world) == rank
+    local_target[hit] = target[hit] // world
+    loss = sharded_cross_entropy(local_logits, local_target)
+    loss.backward()
+    out["sat/loss"] = loss.item()
+    out["sat/grad"] = local_logits.grad.numpy()
+    out["sat/cols"] = cols.numpy()
+    # 5. sample_rate < 1 with a row-sparse optimizer (SGD on 1 and 3 ranks, AdamW on 2)
+    out["sparse"] = _sparse_step(rank, world, "adamw" if world == 2 else "sgd")
+    return out
+
+
+def _saturated_logits() -> tuple[torch.Tensor, torch.Tensor]:
+    """Scaled logits where the target sits ~128 below the others: per-sample loss > 100."""
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(4, 7, generator=g) * 3 + 60.0
+    target = torch.tensor([0, 3, 6, 2])
+    logits[torch.arange(4), target] = -64.0
+    logits[1, 3] = 10.0  # one ordinary sample next to the saturated ones
+    return logits, target
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_partial_fc_matches_single_process(world):
+    results = run_distributed(_worker, world, timeout=150)
+    inputs, emb, labels = _global_batch(world)
+    full_init = partial_fc._init_rows(0, 0, NUM_CLASSES, D)
+
+    for rank, res in enumerate(results):
+        start, num = res["class_range"]
+        assert (start, num) == class_partition(NUM_CLASSES, world, rank)
+        # initial rows do not depend on the world size
+        assert torch.equal(torch.from_numpy(res["arcface/shard"]), full_init[start: start + num])
+
+    # 1. loss and gradients against F.cross_entropy over the full weight
+    for name, make in MARGINS.items():
+        e = emb.clone().requires_grad_()
+        w = full_init.clone().requires_grad_()
+        loss = _ref_loss(e, w, labels, make())
+        loss.backward()
+        for rank, res in enumerate(results):
+            start, num = res["class_range"]
+            assert abs(res[f"{name}/loss"] - loss.item()) < 1e-5, (name, rank, res[f"{name}/loss"], loss.item())
+            torch.testing.assert_close(torch.from_numpy(res[f"{name}/emb_grad"]), world * _local(e.grad, rank),
+                                       atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(torch.from_numpy(res[f"{name}/weight_grad"]), w.grad[start: start + num],
+                                       atol=1e-5, rtol=1e-4)
+
+    # 2. the same two steps in one process on the concatenated batch with torch's optimizers
+    for opt_name in ("sgd", "adamw"):
+        backbone = _backbone()
+        weight = nn.Parameter(full_init.clone())
+        if opt_name == "sgd":
+            opt_h = torch.optim.SGD([weight], lr=LR, momentum=MOMENTUM, weight_decay=WD)
+        else:
+            opt_h = torch.optim.AdamW([weight], lr=LR, weight_decay=WD)
+        margin = MARGINS["arcface"]()
+        _train_steps(backbone, lambda x, y: _ref_loss(x, weight, y, margin), opt_h, opt_name,
+                     [inputs, inputs.flip(0)], [labels, labels.flip(0)])
+        for rank, res in enumerate(results):
+            start, num = res["class_range"]
+            for got, ref in zip(res[f"{opt_name}/backbone"], backbone.parameters()):
+                torch.testing.assert_close(torch.from_numpy(got), ref.detach(), atol=2e-5, rtol=1e-4)
+            torch.testing.assert_close(torch.from_numpy(res[f"{opt_name}/head"]), weight.detach()[start: start + num],
+                                       atol=2e-5, rtol=1e-4)
+
+    # 3. every rank raised the same error, naming the label and the range
+    messages = {res["label_error"] for res in results}
+    assert len(messages) == 1 and None not in messages, messages
+    assert f"label {NUM_CLASSES}" in messages.pop()
+
+    # 4. saturated loss: exact value and gradient, no clamping
+    logits, target = _saturated_logits()
+    x = logits.double().requires_grad_()
+    ref = F.cross_entropy(x, target)
+    ref.backward()
+    assert ref.item() > 100
+    for res in results:
+        assert abs(res["sat/loss"] - ref.item()) < 1e-3 * ref.item()
+        torch.testing.assert_close(torch.from_numpy(res["sat/grad"]).double(), x.grad[:, res["sat/cols"]],
+                                   atol=1e-6, rtol=1e-5)
+
+    # 5. sampled classes and the sparse update
+    _check_sampled_sparse_update([res["sparse"] for res in results], world)
+
+
+def _sparse_step(rank: int, world: int, opt_name: str) -> dict:
+    num_classes, sample_rate = 60, 0.25
+    torch.manual_seed(11)  # the trainer seeds the global RNG; sampling draws from it
+    pfc = PartialFC(ArcFace(s=16.0), D, num_classes, sample_rate=sample_rate)
+    opt = build_head_optimizer(pfc, opt_name, lr=LR, momentum=MOMENTUM, weight_decay=WD)
+    g = torch.Generator().manual_seed(rank)
+    for value in opt.state[pfc.weight].values():  # non-zero state, so "unchanged" can fail
+        value.copy_(torch.rand(value.shape, generator=g) + 1.0)
+    emb = torch.randn(SIZES[rank], D, generator=g, requires_grad=True)
+    labels = torch.randint(0, num_classes, (SIZES[rank],), generator=g)
+    before = {k: v.clone().numpy() for k, v in opt.state[pfc.weight].items()}
+    weight_before = pfc.weight.detach().clone()
+    loss = pfc(emb, labels)
+    loss.backward()
+    grad = pfc.weight.grad
+    assert grad.is_sparse, grad.layout
+    sampled = grad.coalesce().indices()[0]
+    emb_grad = emb.grad.clone()
+    opt.step()
+    all_labels = torch.cat([torch.from_numpy(x) for x in _gather_numpy(labels)])
+    return dict(loss=loss.item(), sampled=(sampled + pfc.class_start).numpy(), labels=all_labels.numpy(),
+                num_sample=pfc.num_sample, class_range=(pfc.class_start, pfc.num_local),
+                weight_before=weight_before.numpy(), weight_after=pfc.weight.detach().numpy().copy(),
+                state_before=before, state_after={k: v.numpy().copy() for k, v in opt.state[pfc.weight].items()},
+                emb=emb.detach().numpy(), emb_grad=emb_grad.numpy())
+
+
+def _gather_numpy(t: torch.Tensor) -> list:
+    from utils.distributed import all_gather
+    return [x.numpy() for x in all_gather(t)]
+
+
+def _check_sampled_sparse_update(results: list[dict], world: int) -> None:
+    """Positives sampled; unsampled rows and their state bit-identical; sampled rows updated; loss exact."""
+    labels = torch.from_numpy(results[0]["labels"])
+    union = []
+    for res in results:
+        start, num = res["class_range"]
+        sampled = torch.from_numpy(res["sampled"])
+        positives = labels[(labels >= start) & (labels < start + num)].unique()
+        assert set(positives.tolist()) <= set(sampled.tolist()), (positives, sampled)
+        assert sampled.numel() == max(res["num_sample"], positives.numel())
+        rows = sampled - start
+        unsampled = torch.ones(num, dtype=torch.bool)
+        unsampled[rows] = False
+        w0, w1 = torch.from_numpy(res["weight_before"]), torch.from_numpy(res["weight_after"])
+        assert torch.equal(w0[unsampled], w1[unsampled])
+        assert not torch.isclose(w0[rows], w1[rows]).all(dim=1).any()
+        for key, before in res["state_before"].items():
+            before, after = torch.from_numpy(before), torch.from_numpy(res["state_after"][key])
+            assert after.shape[0] == num, (key, after.shape)
+            assert torch.equal(before[unsampled], after[unsampled]), key
+            assert not torch.equal(before[rows], after[rows]), key
+        union.append((sampled, w0[rows]))
+    # loss and embedding gradients equal the single-process loss over the union of sampled classes
+    classes = torch.cat([c for c, _ in union])
+    weight = torch.cat([w for _, w in union])
+    emb = torch.cat([torch.from_numpy(r["emb"]) for r in results]).requires_grad_()
+    remap = torch.searchsorted(classes, labels)
+    ref = _ref_loss(emb, weight, remap, ArcFace(s=16.0))
+    ref.backward()
+    for rank, res in enumerate(results):
+        assert abs(res["loss"] - ref.item()) < 1e-5
+        torch.testing.assert_close(torch.from_numpy(res["emb_grad"]), world * _local(emb.grad, rank),
+                                   atol=1e-5, rtol=1e-4)
+
+
+def test_class_partition():
+    for num_classes, world in [(10, 3), (11, 3), (7, 7), (1000, 8), (5, 1)]:
+        parts = [class_partition(num_classes, world, r) for r in range(world)]
+        covered = [c for start, num in parts for c in range(start, start + num)]
+        assert covered == list(range(num_classes))
+        counts = [num for _, num in parts]
+        extra = num_classes % world
+        assert counts == [num_classes // world + (1 if r < extra else 0) for r in range(world)]
+    with pytest.raises(ValueError, match="num_classes=2 < world_size=3"):
+        class_partition(2, 3, 0)
+    with pytest.raises(ValueError, match="rank=3"):
+        class_partition(10, 3, 3)
+
+
+def test_init_rows_independent_of_partition():
+    full = partial_fc._init_rows(4, 0, 3000, 5)
+    assert abs(float(full.std()) - 0.01) < 1e-3
+    assert torch.equal(partial_fc._init_rows(4, 1017, 1500, 5), full[1017:2517])
+    assert not torch.equal(partial_fc._init_rows(5, 0, 10, 5), full[:10])
+
+
+def test_single_process_errors_and_bad_arguments():
+    pfc = PartialFC(CosFace(), D, NUM_CLASSES)
+    with pytest.raises(ValueError, match=r"label -1 \(rank 0, sample 1\) is outside \[0, 11\)"):
+        pfc(torch.randn(2, D), torch.tensor([0, -1]))
+    with pytest.raises(ValueError, match="4 embedding rows .* 3 labels"):
+        pfc(torch.randn(4, D), torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match="sample_rate=0"):
+        PartialFC(CosFace(), D, NUM_CLASSES, sample_rate=0)
+    with pytest.raises(ValueError, match="unknown optimizer 'lamb'"):
+        build_head_optimizer(pfc, "lamb", lr=0.1)
+
+
+def test_sgd_dense_equals_torch_and_state_round_trip():
+    pfc = PartialFC(ArcFace(), D, NUM_CLASSES)
+    weight = nn.Parameter(pfc.weight.detach().clone())
+    ours = build_head_optimizer(pfc, "sgd", lr=LR, momentum=MOMENTUM, weight_decay=WD)
+    theirs = torch.optim.SGD([weight], lr=LR, momentum=MOMENTUM, weight_decay=WD)
+    for step in range(3):
+        grad = torch.randn(NUM_CLASSES, D, generator=torch.Generator().manual_seed(step))
+        pfc.weight.grad, weight.grad = grad.clone(), grad.clone()
+        ours.step()
+        theirs.step()
+    assert torch.equal(pfc.weight, weight)
+    assert torch.equal(ours.state[pfc.weight]["momentum_buffer"], theirs.state[weight]["momentum_buffer"])
+    for name in ("sgd", "adamw"):
+        opt = build_head_optimizer(pfc, name, lr=LR)
+        for value in opt.state[pfc.weight].values():
+            value.uniform_()
+        saved = opt.state_dict()
+        fresh = build_head_optimizer(pfc, name, lr=LR)
+        fresh.load_state_dict(saved)
+        for key, value in opt.state[pfc.weight].items():
+            assert value.shape[0] == pfc.num_local
+            assert torch.equal(fresh.state[pfc.weight][key], value), key
+    bad = build_head_optimizer(pfc, "sgd", lr=LR).state_dict()
+    bad["state"][0]["momentum_buffer"] = torch.zeros(3, D)
+    with pytest.raises(ValueError, match=r"'momentum_buffer' is \(3, 8\); expected first dimension 11"):
+        build_head_optimizer(pfc, "sgd", lr=LR).load_state_dict(bad)
+
+
+def test_adamw_dense_matches_torch():
+    weight_a = nn.Parameter(torch.randn(6, D))
+    weight_b = nn.Parameter(weight_a.detach().clone())
+    ours = RowSparseAdamW([weight_a], lr=0.01, weight_decay=0.1)
+    theirs = torch.optim.AdamW([weight_b], lr=0.01, weight_decay=0.1)
+    for step in range(4):
+        grad = torch.randn(6, D, generator=torch.Generator().manual_seed(step))
+        weight_a.grad, weight_b.grad = grad.clone(), grad.clone()
+        ours.step()
+        theirs.step()
+    torch.testing.assert_close(weight_a, weight_b, atol=1e-6, rtol=1e-5)
+
+
+def test_sparse_accumulation_and_lazy_adam_steps():
+    # Two micro-steps with overlapping rows: the optimizer coalesces, and only touched rows advance.
+    weight = nn.Parameter(torch.randn(10, D))
+    opt = RowSparseSGD([weight], lr=LR, momentum=MOMENTUM, weight_decay=WD)
+    start = weight.detach().clone()
+    F.embedding(torch.tensor([1, 4, 7]), weight, sparse=True).sum().backward()
+    F.embedding(torch.tensor([4, 8]), weight, sparse=True).mul(2).sum().backward()
+    assert weight.grad.is_sparse and not weight.grad.is_coalesced()
+    dense = weight.grad.to_dense()
+    opt.step()
+    rows = torch.tensor([1, 4, 7, 8])
+    expected = start.clone()
+    expected[rows] -= LR * (dense[rows] + WD * start[rows])
+    torch.testing.assert_close(weight.detach(), expected)
+    adam = RowSparseAdamW([weight], lr=0.01)
+    weight.grad = None
+    F.embedding(torch.tensor([2, 3]), weight, sparse=True).sum().backward()
+    adam.step()
+    assert adam.state[weight]["step"].tolist() == [0, 0, 1, 1, 0, 0, 0, 0, 0, 0]
+
+
+def test_grad_scaler_cpu_unscales_sparse_grads():
+    # torch 2.14 supports GradScaler on the CPU; it unscales the sparse gradient's values.
+    torch.manual_seed(0)
+    pfc = PartialFC(ArcFace(s=16.0), D, 40, sample_rate=0.5)
+    reference = PartialFC(ArcFace(s=16.0), D, 40, sample_rate=0.5)
+    emb, labels = torch.randn(6, D), torch.randint(0, 40, (6,))
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    opt = build_head_optimizer(pfc, "sgd", lr=LR)
+    opt_ref = build_head_optimizer(reference, "sgd", lr=LR)
+    torch.manual_seed(1)
+    scaler.scale(pfc(emb, labels)).backward()
+    torch.manual_seed(1)  # the same sampled classes
+    reference(emb, labels).backward()
+    scaler.step(opt)
+    scaler.update()
+    opt_ref.step()
+    torch.testing.assert_close(pfc.weight, reference.weight)
+    assert scaler.get_scale() == 1024.0  # no inf found; growth only after growth_interval steps
+
+
+def test_autocast_bf16_close_to_fp32():
+    pfc = PartialFC(CosFace(s=16.0), D, NUM_CLASSES)
+    emb, labels = torch.randn(6, D), torch.randint(0, NUM_CLASSES, (6,))
+    exact = pfc(emb, labels)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = pfc(emb, labels)
+    assert low.dtype == torch.float32
+    assert abs(float(low) - float(exact)) < 0.05 * float(exact)
