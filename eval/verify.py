@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 from torch import nn
 from tqdm import tqdm
@@ -85,7 +86,8 @@ def load_weights(model: nn.Module, path: Path, network: str) -> None:
     model.load_state_dict(state, strict=True)
 
 
-def _model_arg(text: str) -> tuple[str, Any]:
+def model_arg(text: str) -> tuple[str, Any]:
+    """argparse type of ``--model-arg KEY=VALUE``: VALUE as a Python literal, else as a string."""
     key, sep, value = text.partition("=")
     if not sep or not key.isidentifier():
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE (e.g. widths=[4,8,8,16]), got {text!r}")
@@ -121,17 +123,23 @@ HEADER = (f"{'target':<12} {'pairs':>6} {'acc % (flip)':>17} {'no-flip':>8} {'VA
           f"{'XNorm':>8} {'thresh':>7}")
 
 
-def write_roc(path: Path, results: dict[str, dict[str, Any]], title: str) -> None:
-    """ROC curves (TPR over FPR, both mean over folds) of every target, one PNG."""
+def write_roc_curves(path: Path, curves: dict[str, tuple[np.ndarray, np.ndarray]], title: str,
+                     log_fpr: bool = False) -> None:
+    """One PNG with a ROC curve (TPR over FPR) per entry of ``curves`` (label -> (fpr, tpr))."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on servers
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 5))
-    for target, r in results.items():
-        ax.plot(r["fpr"], r["tpr"], label=f"{target} (acc {100 * r['acc']:.2f}%)")
-    ax.set(xlabel="false positive rate", ylabel="true positive rate", title=title, xlim=(0, 1), ylim=(0, 1.01))
+    for label, (fpr, tpr) in curves.items():
+        ax.plot(fpr, tpr, label=label)
+    if log_fpr:
+        ax.set_xscale("log")
+        ax.set_xlim(1e-6, 1)
+    else:
+        ax.set_xlim(0, 1)
+    ax.set(xlabel="false positive rate", ylabel="true positive rate", title=title, ylim=(0, 1.01))
     ax.grid(True, alpha=0.3)
     ax.legend(loc="lower right")
     fig.tight_layout()
@@ -151,7 +159,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--embedding-size", type=int, default=512)
-    p.add_argument("--model-arg", type=_model_arg, action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--model-arg", type=model_arg, action="append", default=[], metavar="KEY=VALUE",
                    help="extra keyword for backbones.get_model, e.g. widths=[16,32,64,128] (repeatable)")
     p.add_argument("--roc", type=Path, help="write a ROC plot (PNG) of all targets")
     p.add_argument("--json", type=Path, help="write {target: {pairs, acc, ...}} as JSON")
@@ -190,7 +198,8 @@ def run(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
     if args.roc is not None:
         args.roc.parent.mkdir(parents=True, exist_ok=True)
-        write_roc(args.roc, results, str(args.onnx or args.weights or f"{args.network} random init {args.random_init}"))
+        curves = {f"{t} (acc {100 * r['acc']:.2f}%)": (r["fpr"], r["tpr"]) for t, r in results.items()}
+        write_roc_curves(args.roc, curves, str(args.onnx or args.weights or f"{args.network} seed {args.random_init}"))
     return results
 
 
