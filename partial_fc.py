@@ -103,11 +103,12 @@ class _NormalizedLinear(torch.autograd.Function):
     ``∂L/∂W = Gᵀ ê − diag(Σ_b g⊙cos / |W|²) W`` and ``∂L/∂emb = diag(1/|e|)(G W − diag(Σ_c g⊙cos) ê)``
     (the row dots ``ŵ·∂L/∂ŵ`` equal ``Σ_b g⊙cos``, so no (C, D) temporary is needed). Rows with a norm
     below 1e-12 are divided by 1e-12 instead, as ``F.normalize``. The saved cosine buffer is reused in
-    backward, so the backward can run once.
+    backward, so the backward can run once. ``reuse_weight=True`` (only for a temporary copy of rows, such
+    as the output of ``F.embedding``) overwrites ``weight`` with its gradient in backward.
     """
 
     @staticmethod
-    def forward(ctx, emb: Tensor, weight: Tensor) -> Tensor:
+    def forward(ctx, emb: Tensor, weight: Tensor, reuse_weight: bool) -> Tensor:
         device_type = emb.device.type
         compute_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) \
             else torch.float32
@@ -121,6 +122,7 @@ class _NormalizedLinear(torch.autograd.Function):
             cos = torch.mm(e_hat.to(compute_dtype), weight.to(compute_dtype).t()).float()  # (B, C)
             cos.mul_(inv_w[None, :])
         ctx.compute_dtype = compute_dtype
+        ctx.reuse_weight = reuse_weight
         ctx.save_for_backward(e_hat, weight, inv_e, inv_w, e_norm > _NORM_EPS, w_norm > _NORM_EPS, cos)
         return cos
 
@@ -137,9 +139,15 @@ class _NormalizedLinear(torch.autograd.Function):
             d_e_hat = torch.mm(scaled.to(cd), weight.to(cd)).float()  # (B, D)
             grad_emb = d_e_hat.sub_(e_hat * dot_e[:, None]).mul_(inv_e[:, None])
         if ctx.needs_input_grad[1]:
-            grad_weight = torch.mm(scaled.t().to(cd), e_hat.to(cd)).to(weight.dtype)  # (C, D)
-            grad_weight.addcmul_(weight, (dot_w * inv_w * inv_w)[:, None], value=-1.0)
-        return grad_emb, grad_weight
+            coef = (dot_w * inv_w * inv_w)[:, None].to(weight.dtype)  # (C, 1)
+            if ctx.reuse_weight and cd == weight.dtype:
+                # The sampled rows are a per-step copy nobody else reads: turn them into the gradient in place,
+                # saving a fresh (C, D) allocation (page faults dominate memory-bound work on CPUs).
+                grad_weight = weight.mul_(-coef).addmm_(scaled.t(), e_hat)  # (C, D)
+            else:
+                grad_weight = torch.mm(scaled.t().to(cd), e_hat.to(cd)).to(weight.dtype)  # (C, D)
+                grad_weight.addcmul_(weight, coef, value=-1.0)
+        return grad_emb, grad_weight, None
 
 
 class PartialFC(nn.Module):
@@ -248,7 +256,7 @@ class PartialFC(nn.Module):
             weight = self.weight  # (num_local, D)
             target = torch.where(in_shard, local, torch.full_like(local, -1))  # (B_global,)
 
-        cos = _NormalizedLinear.apply(embeddings, weight)  # (B_global, C_s) fp32
+        cos = _NormalizedLinear.apply(embeddings, weight, self.sample_rate < 1.0)  # (B_global, C_s) fp32
         logits = self.margin_loss(cos, target)  # (B_global, C_s)
         return sharded_cross_entropy(logits, target)
 

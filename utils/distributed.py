@@ -176,40 +176,43 @@ class _ShardedCrossEntropy(torch.autograd.Function):
     ``t_i = z_{i,y_i}`` (one all-reduce SUM of both), ``loss = mean_i(log S_i + m_i − t_i)``. No
     probability is clamped, so the loss is exact however large (insightface clamps at 1e-30, which caps a
     sample's loss at 69.08 and zeroes its gradient).
-    Backward: ``∂loss/∂z_ij = (exp(z_ij − m_i)/S_i − [j = y_i]) / B``, written into the forward's
-    exp buffer in place (the backward can run once). No rescaling: each rank's gradient is the exact
+    Backward: ``∂loss/∂z_ij = (exp(z_ij − m_i)/S_i − [j = y_i]) / B``, written into the ``logits``
+    tensor in place (pass a temporary; the backward can run once). No rescaling: each rank's gradient is the exact
     partial derivative for its own columns.
     """
 
     @staticmethod
     def forward(ctx, logits: Tensor, target: Tensor) -> Tensor:
-        batch = logits.shape[0]
-        if logits.shape[1] > 0:
+        batch, classes = logits.shape
+        if classes > 0:
             row_max = logits.max(dim=1).values  # (B,)
         else:
             row_max = logits.new_full((batch,), float("-inf"))  # (B,)
         all_reduce(row_max, dist.ReduceOp.MAX)
-        exp = torch.sub(logits, row_max[:, None]).exp_()  # (B, C_r)
         rows = torch.nonzero(target != -1).view(-1)  # (P,)
         cols = target[rows]  # (P,)
         stats = logits.new_zeros((2, batch))  # (2, B): Σ exp, target logit
-        stats[0] = exp.sum(dim=1)
+        # Row blocks of ~1 MiB: the exponentials never need a (B, C) temporary.
+        step = max(1, (1 << 18) // max(classes, 1))
+        for start in range(0, batch, step):
+            block = logits[start: start + step] - row_max[start: start + step, None]  # (step, C_r)
+            stats[0, start: start + step] = block.exp_().sum(dim=1)
         stats[1].index_put_((rows,), logits[rows, cols])
         all_reduce(stats)
         sum_exp, target_logit = stats[0], stats[1]
         loss = (torch.log(sum_exp) + row_max - target_logit).mean()
-        ctx.exp, ctx.sum_exp, ctx.rows, ctx.cols = exp, sum_exp, rows, cols
+        ctx.save_for_backward(logits, row_max, sum_exp, rows, cols)
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor):
-        if ctx.exp is None:
-            raise RuntimeError("sharded_cross_entropy: backward ran twice; its buffer was reused for the gradient")
-        grad = ctx.exp  # (B, C_r), reused: becomes (softmax − onehot)·g/B
+        logits, row_max, sum_exp, rows, cols = ctx.saved_tensors
+        # The logits are a temporary of the head (the margin's output): overwrite them with the gradient.
+        # A second backward through this graph fails autograd's version check instead of reading garbage.
+        grad = logits.sub_(row_max[:, None]).exp_()  # (B, C_r)
         scale = grad_loss / grad.shape[0]
-        grad.mul_((scale / ctx.sum_exp)[:, None])
-        grad.index_put_((ctx.rows, ctx.cols), -scale.expand(ctx.rows.shape[0]), accumulate=True)
-        ctx.exp = None
+        grad.mul_((scale / sum_exp)[:, None])
+        grad.index_put_((rows, cols), -scale.expand(rows.shape[0]), accumulate=True)
         return grad, None
 
 
@@ -218,6 +221,7 @@ def sharded_cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
 
     ``target (B,)`` holds each row's local column or -1 where another rank owns the class; every rank
     must pass the same B rows. Returns the same fp32 scalar on every rank (see ``_ShardedCrossEntropy``).
+    ``logits`` is overwritten by its gradient during backward: pass a temporary.
     """
     if logits.shape[0] == 0:
         raise ValueError("sharded_cross_entropy: the batch is empty (0 rows); the mean loss is undefined")
