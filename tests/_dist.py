@@ -6,6 +6,8 @@ so a hung collective fails the test instead of hanging the suite.
 from __future__ import annotations
 
 import os
+import pickle
+import queue as queue_module
 import socket
 import traceback
 from typing import Any, Callable
@@ -35,7 +37,9 @@ def _worker(fn, rank: int, world_size: int, port: int, args: tuple, queue) -> No
             result = fn(rank, world_size, *args)
         finally:
             dist.destroy_process_group()
-        queue.put((rank, True, result))
+        # Pickled here, by value: a tensor put on a torch.multiprocessing queue is shared through a file
+        # descriptor that dies with this process, which exits right after.
+        queue.put((rank, True, pickle.dumps(result)))
     except BaseException:  # reported to the parent, which fails the test with it
         queue.put((rank, False, traceback.format_exc()))
 
@@ -58,11 +62,11 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout
         for _ in range(world_size):
             try:
                 rank, ok, value = queue.get(timeout=timeout)
-            except Exception as exc:  # queue.Empty: some rank hung or died without reporting
+            except queue_module.Empty as exc:  # some rank hung or died without reporting
                 raise RuntimeError(f"distributed run of {fn.__name__} on {world_size} ranks: no result "
                                    f"within {timeout:.0f}s (got ranks {sorted(results)})") from exc
             if ok:
-                results[rank] = value
+                results[rank] = pickle.loads(value)
             else:
                 errors.append(f"rank {rank}:\n{value}")
                 break

@@ -1,0 +1,232 @@
+"""The trainer end to end: real torchrun runs of configs/debug_cpu.py on CPU (gloo), resume, re-partition,
+two-node launch, gradient accumulation, and ONNX export of what it trained."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from _dist import free_port, run_distributed
+from _launch import ROOT, _env, load_model, logged_losses, max_difference, torchrun_command, train
+
+CONFIG = "configs/debug_cpu"
+# 16 optimizer steps on 2 ranks (one epoch of 256 images at 8 per rank), checkpoints every 4, all kept.
+RUN = ("max_steps=16", "save_every_steps=4", "keep_checkpoints=10", "frequent=1")
+
+
+@pytest.fixture(scope="module")
+def two_rank_run(tmp_path_factory) -> Path:
+    """One uninterrupted 2-rank run that several tests compare against."""
+    output = tmp_path_factory.mktemp("train") / "run"
+    train(CONFIG, output, *RUN, nproc=2)
+    return output
+
+
+def copy_until(src: Path, dst: Path, step: int) -> Path:
+    """A copy of a run's output holding only its checkpoints up to ``step`` (as if it had died there)."""
+    shutil.copytree(src / "checkpoints", dst / "checkpoints")
+    for ckpt in (dst / "checkpoints").iterdir():
+        if int(ckpt.name.split("_")[1]) > step:
+            shutil.rmtree(ckpt)
+    return dst
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_torchrun_two_ranks_trains_and_writes_everything(two_rank_run):
+    from backbones import get_model
+
+    losses = logged_losses(two_rank_run)
+    assert sorted(losses) == list(range(1, 17)), losses
+    first, last = float(losses[1]), sum(float(losses[s]) for s in range(13, 17)) / 4
+    assert last < first, f"loss did not fall: step 1 {first}, steps 13-16 mean {last}"
+    assert list((two_rank_run / "tensorboard").glob("events.out.tfevents.*")), "no TensorBoard events"
+    steps = sorted(p.name for p in (two_rank_run / "checkpoints").iterdir())
+    assert steps == [f"step_{s:09d}" for s in (4, 8, 12, 16)], steps
+    for ckpt in (two_rank_run / "checkpoints").iterdir():
+        assert sorted(p.name for p in ckpt.iterdir()) == sorted(
+            ["common.pt", "manifest.json", "head_rank0.pt", "head_rank1.pt", "rng_rank0.pt", "rng_rank1.pt"])
+    model = get_model("tiny", num_features=32, widths=(8, 16, 16, 32))
+    model.load_state_dict(load_model(two_rank_run), strict=True)
+    log = (two_rank_run / "training.log").read_text()
+    assert "network_kwargs" in log and "samples/s" in log and "lr" in log
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_resume_continues_with_the_same_losses_and_weights(two_rank_run, tmp_path):
+    output = copy_until(two_rank_run, tmp_path / "resumed", step=8)
+    proc = train(CONFIG, output, *RUN, "resume=true", nproc=2)
+    assert "resumed from" in proc.stdout
+    want, got = logged_losses(two_rank_run), logged_losses(output)
+    assert sorted(got) == list(range(9, 17)), f"resumed run logged steps {sorted(got)}; expected 9..16"
+    assert {s: want[s] for s in got} == got
+    assert max_difference(load_model(two_rank_run), load_model(output)) <= 1e-6
+
+
+def _gathered_head_after_resume(rank: int, world_size: int, ckpt: str, output: str):
+    """Build the trainer on this world size, resume from ``ckpt``, return the gathered head on rank 0."""
+    import logging
+
+    import train as trainer
+    from utils.config import load_config
+    from utils.distributed import all_gather
+
+    cfg = load_config(CONFIG, [*RUN, f"output={output}"])
+    job = trainer.build(cfg, rank, world_size, torch.device("cpu"), logging.getLogger("test"))
+    state = trainer.resume(job, Path(ckpt))
+    weight = torch.cat(all_gather(job.head.weight.detach()))
+    head_state = job.opt_head.state[job.head.weight]
+    gathered = {k: torch.cat(all_gather(v)) for k, v in sorted(head_state.items())}
+    return (state.step, weight, gathered) if rank == 0 else None
+
+
+def saved_head(ckpt: Path) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    shards = sorted((torch.load(p, weights_only=True) for p in ckpt.glob("head_rank*.pt")),
+                    key=lambda s: s["class_start"])
+    return (torch.cat([s["weight"] for s in shards]),
+            {k: torch.cat([s["state"][k] for s in shards]) for k in shards[0]["state"]})
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_resume_on_another_world_size_gives_the_same_head(two_rank_run, tmp_path, world_size):
+    ckpt = two_rank_run / "checkpoints" / f"step_{8:09d}"
+    step, weight, state = run_distributed(_gathered_head_after_resume, world_size, str(ckpt), str(tmp_path))[0]
+    want_weight, want_state = saved_head(ckpt)
+    assert step == 8
+    assert torch.equal(weight, want_weight)
+    assert state.keys() == want_state.keys() and all(torch.equal(state[k], want_state[k]) for k in state)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_training_continues_on_three_ranks_from_a_two_rank_checkpoint(two_rank_run, tmp_path):
+    output = copy_until(two_rank_run, tmp_path / "three", step=8)
+    proc = train(CONFIG, output, *RUN, nproc=3)
+    assert "world size changed 2 -> 3" in proc.stdout
+    losses = logged_losses(output)
+    assert min(losses) > 8 and max(losses) == 16 and all(float(v) == float(v) for v in losses.values())
+    assert sorted(p.name for p in (output / "checkpoints" / f"step_{16:09d}").glob("head_rank*.pt")) == [
+        "head_rank0.pt", "head_rank1.pt", "head_rank2.pt"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_node_launch_trains_like_one_node(two_rank_run, tmp_path):
+    """Two torchrun processes (--nnodes=2, node_rank 0 and 1, rendezvous on 127.0.0.1), one rank each."""
+    output = tmp_path / "two_nodes"
+    port = free_port()
+    args = ["train.py", CONFIG, "--set", f"output={output}", *RUN]
+    nodes = [subprocess.Popen([*torchrun_command(1, port=port, nnodes=2, node_rank=r), *args], cwd=ROOT,
+                              env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in (0, 1)]
+    outs = []
+    try:
+        for node in nodes:
+            outs.append(node.communicate(timeout=240)[0])
+    finally:
+        for node in nodes:
+            node.kill()
+    assert [n.returncode for n in nodes] == [0, 0], "\n".join(o[-3000:] for o in outs)
+    got, want = logged_losses(output), logged_losses(two_rank_run)
+    assert got == want, (f"two-node losses differ at steps {[s for s in want if got.get(s) != want[s]]}: "
+                         f"{got} vs {want}\n" + outs[0][-3000:])
+    assert max_difference(load_model(two_rank_run), load_model(output)) <= 1e-6
+
+
+def test_train_cli_rejects_a_misspelt_key_with_a_suggestion(tmp_path):
+    proc = train(CONFIG, tmp_path, "lr_rate=0.1", check=False, timeout=120)
+    assert proc.returncode != 0
+    assert "lr_rate" in proc.stderr and "'lr'" in proc.stderr
+
+
+# ---------------------------------------------------------------------------------------- accumulation
+def _accumulation_steps(rank: int, world_size: int) -> list[torch.Tensor]:
+    """One optimizer step with 2 micro-batches of B and one with a single batch of 2B, from equal weights."""
+    import logging
+
+    from torch import nn
+
+    import train as trainer
+    from losses import ArcFace
+    from partial_fc import PartialFC, build_head_optimizer
+    from utils.config import derive, load_config
+
+    results = []
+    for acc in (2, 1):
+        cfg = load_config(CONFIG, [f"gradient_acc={acc}", f"batch_size={8 // acc}", "sample_rate=1.0",
+                                   "num_classes=10", "clip_grad_norm=0", "warmup_epoch=0", "max_steps=4"])
+        torch.manual_seed(0)
+        # No batch statistics: accumulation over micro-batches is then exactly a bigger batch.
+        model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 4 * 4, 16), nn.PReLU(16), nn.Linear(16, 16))
+        backbone = nn.parallel.DistributedDataParallel(model) if world_size > 1 else model
+        head = PartialFC(ArcFace(s=8.0, margin=0.2), 16, 10, 1.0)
+        torch.manual_seed(1)
+        head.weight.data.normal_(0, 0.5)
+        job = trainer.Job(
+            cfg=cfg, derived=derive(cfg, world_size), rank=rank, world_size=world_size,
+            device=torch.device("cpu"), backbone=backbone, model=model, head=head,
+            opt_backbone=trainer.build_optimizer("sgd", model.parameters(), 0.1, 0.9, 5e-4),
+            opt_head=build_head_optimizer(head, "sgd", lr=0.1, momentum=0.9, weight_decay=5e-4),
+            scaler=torch.amp.GradScaler("cpu", enabled=False), autocast_dtype=None, loader=None,
+            logger=logging.getLogger("test"))
+        g = torch.Generator().manual_seed(100 + rank)
+        images = torch.randn(8, 3, 4, 4, generator=g)
+        labels = torch.randint(0, 10, (8,), generator=g)
+        micro = [(images[i * 8 // acc:(i + 1) * 8 // acc], labels[i * 8 // acc:(i + 1) * 8 // acc])
+                 for i in range(acc)]
+        state = trainer.TrainState(step=1)
+        trainer.optimizer_step(job, state, micro)
+        results.append(torch.cat([p.detach().flatten() for p in model.parameters()] + [head.weight.detach().flatten()]))
+    return results
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_gradient_accumulation_of_two_micro_batches_equals_one_double_batch(world_size):
+    for accumulated, single in run_distributed(_accumulation_steps, world_size):
+        assert torch.allclose(accumulated, single, atol=1e-6, rtol=1e-5), (accumulated - single).abs().max()
+
+
+# ---------------------------------------------------------------------------------------- export
+@pytest.mark.timeout(180)
+def test_onnx_export_round_trip_and_inference(two_rank_run, tmp_path):
+    from torchvision.io import encode_jpeg
+
+    onnx_path = tmp_path / "tiny.onnx"
+    kwargs = '{"widths": [8, 16, 16, 32]}'
+    proc = subprocess.run([sys.executable, "scripts/torch2onnx.py", "--network", "tiny", "--embedding-size", "32",
+                           "--network-kwargs", kwargs, "--weights", str(two_rank_run / "model.pt"),
+                           "--output", str(onnx_path)], cwd=ROOT, capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stderr
+    assert onnx_path.is_file() and "max |torch - onnxruntime|" in proc.stdout
+
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    for batch in (1, 5):  # the batch axis is dynamic
+        out = session.run(None, {session.get_inputs()[0].name: torch.zeros(batch, 3, 112, 112).numpy()})[0]
+        assert out.shape == (batch, 32)
+
+    image = tmp_path / "face.jpg"
+    image.write_bytes(encode_jpeg(torch.randint(0, 256, (3, 112, 112), dtype=torch.uint8)).numpy().tobytes())
+    proc = subprocess.run([sys.executable, "scripts/inference.py", "--network", "tiny", "--embedding-size", "32",
+                           "--network-kwargs", kwargs, "--weights", str(two_rank_run / "model.pt"),
+                           "--image", str(image), "--output", str(tmp_path / "emb.npy")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    import numpy as np
+
+    assert np.load(tmp_path / "emb.npy").shape == (32,)
+
+    proc = subprocess.run([sys.executable, "scripts/torch2onnx.py", "--network", "r18", "--weights",
+                           str(two_rank_run / "model.pt"), "--output", str(tmp_path / "x.onnx")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "does not match network r18" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

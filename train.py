@@ -1,0 +1,439 @@
+"""Train a face-recognition backbone with a margin loss and a Partial FC head.
+
+Launch forms (CONFIG is ``configs/NAME`` or the path to any ``.py`` config file):
+
+    # one process (CPU or one GPU)
+    python train.py configs/debug_cpu
+
+    # one node, 8 GPUs
+    torchrun --nproc_per_node=8 train.py configs/ms1mv3_r50
+
+    # several nodes: run on every node, with its own --node_rank (0 on the master)
+    torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 \
+        --master_addr=10.0.0.1 --master_port=29500 train.py configs/glint360k_r100
+
+Options: ``--set KEY=VALUE [KEY=VALUE ...]`` (repeatable) overrides config keys, parsed to the key's type;
+``--resume`` continues from the newest complete checkpoint in ``output`` (this also happens by itself
+when ``output`` holds checkpoints of the same config, unless ``auto_resume=False``).
+
+The file reads top to bottom: arguments → process group → build (model, head, optimizers, data) →
+resume → loop (step, log, evaluate, checkpoint) → teardown.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Arguments and process group
+# ----------------------------------------------------------------------------------------------------------
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config", help="configs/NAME (as in arcface_torch) or a path to a .py config file")
+    parser.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                        help="override config keys; may be repeated: --set lr=0.1 batch_size=64 --set seed=1")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the newest complete checkpoint in `output` (same as resume=True)")
+    return parser.parse_args(argv)
+
+
+def pick_device(requested: str) -> torch.device:
+    """The device for this process: `cuda:LOCAL_RANK` under torchrun on GPUs, else the CPU."""
+    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError("config asks for device='cuda' but torch.cuda.is_available() is False on this machine; "
+                           "use device='cpu' or 'auto'")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
+def init_distributed(device: torch.device, timeout_minutes: float) -> None:
+    """Join the process group torchrun describes (env://); a plain `python` launch stays single-process."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend=backend, init_method="env://",
+                            timeout=datetime.timedelta(minutes=timeout_minutes))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Build
+# ----------------------------------------------------------------------------------------------------------
+@dataclass
+class TrainState:
+    """Where the run is. Saved in every checkpoint; the data position is (epoch, step_in_epoch)."""
+
+    step: int = 0  # optimizer steps taken (skipped non-finite steps count: their batches were consumed)
+    epoch: int = 0
+    step_in_epoch: int = 0
+    nonfinite_in_row: int = 0
+    skipped_steps: int = 0
+
+
+@dataclass
+class Job:
+    """Everything the loop needs, built once."""
+
+    cfg: Any
+    derived: Any
+    rank: int
+    world_size: int
+    device: torch.device
+    backbone: nn.Module  # DDP-wrapped when world_size > 1
+    model: nn.Module  # the plain backbone (what model.pt holds)
+    head: nn.Module
+    opt_backbone: torch.optim.Optimizer
+    opt_head: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    autocast_dtype: torch.dtype | None
+    loader: Any
+    logger: Any
+    writer: Any = None
+    callback: Any = None
+    output: Path = field(default_factory=Path)
+    fingerprint: str = ""
+
+
+
+def build_model(cfg, device: torch.device) -> nn.Module:
+    """The backbone from the registry, optionally initialised from pretrained weights (strict)."""
+    from backbones import get_model
+
+    model = get_model(cfg.network, num_features=cfg.embedding_size, **dict(cfg.network_kwargs))
+    if cfg.init_backbone:
+        from utils.weights import load_weights
+
+        load_weights(model, cfg.init_backbone, network=cfg.network)
+    model = model.to(device)
+    if cfg.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    return model
+
+
+def build_optimizer(name: str, params, lr: float, momentum: float, weight_decay: float) -> torch.optim.Optimizer:
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+
+
+def build(cfg, rank: int, world_size: int, device: torch.device, logger) -> Job:
+    from dataset import build_dataset, get_dataloader
+    from losses import CombinedMarginLoss
+    from partial_fc import PartialFC, build_head_optimizer
+    from utils.config import derive, fingerprint
+
+    # Every rank builds the same backbone from the same seed; DDP also broadcasts rank 0's weights.
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg, device)
+    backbone: nn.Module = model
+    if world_size > 1:
+        backbone = nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
+        if cfg.fp16:
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            backbone.register_comm_hook(None, default_hooks.fp16_compress_hook)
+
+    m1, m2, m3 = cfg.margin_list
+    margin = CombinedMarginLoss(cfg.margin_scale, m1, m2, m3, cfg.interclass_filtering_threshold,
+                                gradient=cfg.margin_gradient)
+    head = PartialFC(margin, cfg.embedding_size, cfg.num_classes, cfg.sample_rate).to(device)
+
+    opt_backbone = build_optimizer(cfg.optimizer, model.parameters(), cfg.lr, cfg.momentum, cfg.weight_decay)
+    opt_head = build_head_optimizer(head, cfg.optimizer, lr=cfg.lr, momentum=cfg.momentum,
+                                    weight_decay=cfg.weight_decay)
+    scaler = torch.amp.GradScaler(device.type, enabled=cfg.fp16)
+    autocast_dtype = torch.float16 if cfg.fp16 else torch.bfloat16 if cfg.bf16 else None
+
+    if cfg.dali:
+        from dataset import get_dali_dataloader
+
+        loader = get_dali_dataloader(cfg.rec, cfg.batch_size, rank=rank, world_size=world_size, seed=cfg.seed,
+                                     device=device)
+        num_images = loader.num_images
+    else:
+        data = build_dataset(cfg.rec, num_classes=cfg.num_classes, seed=cfg.seed, num_images=cfg.num_image)
+        loader = get_dataloader(data, cfg.batch_size, rank=rank, world_size=world_size, seed=cfg.seed,
+                                num_workers=cfg.num_workers, device=device)
+        num_images = len(data)
+    if num_images != cfg.num_image:
+        raise ValueError(f"num_image = {cfg.num_image} in the config, but the dataset {cfg.rec!r} holds {num_images} "
+                         f"images; set num_image = {num_images} (it sets the steps per epoch and the LR schedule)")
+    derived = derive(cfg, world_size)
+
+    output = Path(cfg.output)
+    writer = callback = None
+    if rank == 0:
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(log_dir=str(output / "tensorboard"))
+    if cfg.val_targets and cfg.rec != "synthetic":
+        from eval.callback import CallbackVerification
+
+        callback = CallbackVerification(list(cfg.val_targets), rec_prefix=cfg.rec, summary_writer=writer)
+    return Job(cfg=cfg, derived=derived, rank=rank, world_size=world_size, device=device, backbone=backbone,
+               model=model, head=head, opt_backbone=opt_backbone, opt_head=opt_head, scaler=scaler,
+               autocast_dtype=autocast_dtype, loader=loader, logger=logger, writer=writer, callback=callback,
+               output=output, fingerprint=fingerprint(cfg))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Checkpoints
+# ----------------------------------------------------------------------------------------------------------
+def save(job: Job, state: TrainState) -> None:
+    """`model.pt` (rank 0) and, with `save_all_states`, a step checkpoint in which every rank writes its head
+    shard; both are written to a temporary name and renamed only when complete."""
+    from utils import checkpoint
+
+    if job.cfg.save_all_states:
+        common = None
+        if job.rank == 0:
+            common = checkpoint.make_common(
+                step=state.step, epoch=state.epoch, step_in_epoch=state.step_in_epoch,
+                lr=job.opt_backbone.param_groups[0]["lr"], backbone=job.model.state_dict(),
+                backbone_optimizer=job.opt_backbone.state_dict(), scaler=job.scaler.state_dict(),
+                world_size=job.world_size, num_classes=job.cfg.num_classes, fingerprint=job.fingerprint,
+                config={**job.cfg.to_dict(), "skipped_steps": state.skipped_steps})
+        head = checkpoint.head_shard(job.head.weight, job.opt_head.state[job.head.weight], job.head.class_start,
+                                     job.cfg.num_classes)
+        path = checkpoint.save_checkpoint(job.output, state.step, rank=job.rank, world_size=job.world_size,
+                                          head=head, common=common, keep=job.cfg.keep_checkpoints)
+        job.logger.info("checkpoint %s (step %d; next: epoch %d, step %d in epoch)", path, state.step, state.epoch,
+                        state.step_in_epoch)
+    if job.rank == 0:
+        checkpoint.save_atomic(job.model.state_dict(), job.output / "model.pt")
+
+
+def resume(job: Job, ckpt_dir: Path) -> TrainState:
+    """Restore everything `save` wrote; the head rows are re-partitioned when the world size changed."""
+    from utils import checkpoint
+
+    common = checkpoint.load_common(ckpt_dir)
+    if common["fingerprint"] != job.fingerprint:
+        raise ValueError(f"checkpoint {ckpt_dir} was written by a different config (fingerprint "
+                         f"{common['fingerprint']} != {job.fingerprint}); use another `output`, or set "
+                         f"auto_resume=False and resume=False to start afresh")
+    job.model.load_state_dict(common["backbone"])
+    job.opt_backbone.load_state_dict(common["backbone_optimizer"])
+    job.scaler.load_state_dict(common["scaler"])
+    rows = checkpoint.load_head_rows(ckpt_dir, job.head.class_start, job.head.num_local,
+                                     num_classes=job.cfg.num_classes)
+    checkpoint.restore_head(job.head.weight, job.opt_head, rows)
+    rng = checkpoint.load_rng(ckpt_dir, job.rank)
+    if common["world_size"] == job.world_size and rng is not None:
+        checkpoint.set_rng_state(rng)
+    else:
+        # A new world size cannot continue the old per-rank random streams; start new ones deterministically.
+        torch.manual_seed(job.cfg.seed + 1_000_003 * common["step"] + job.rank)
+        job.logger.info("world size changed %d -> %d: head re-partitioned, random streams re-seeded",
+                        common["world_size"], job.world_size)
+    state = TrainState(step=common["step"], epoch=common["epoch"], step_in_epoch=common["step_in_epoch"],
+                       skipped_steps=common["config"].get("skipped_steps", 0))
+    job.logger.info("resumed from %s at step %d (epoch %d, step %d in epoch)", ckpt_dir, state.step,
+                    state.epoch, state.step_in_epoch)
+    return state
+
+
+# ----------------------------------------------------------------------------------------------------------
+# One optimizer step
+# ----------------------------------------------------------------------------------------------------------
+class NonFiniteLossError(RuntimeError):
+    """Raised after `max_nonfinite_steps` optimizer steps in a row had a non-finite loss."""
+
+
+def optimizer_step(job: Job, state: TrainState, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+    """Forward/backward over `gradient_acc` micro-batches, then one update of backbone and head.
+
+    The loss of each micro-batch is divided by their number; DDP synchronises only on the last one
+    (`no_sync`). A non-finite loss skips the update: gradients are dropped, weights and optimizer state stay
+    as they were. Returns the mean loss of the micro-batches (NaN when skipped).
+    """
+    from utils.lr_scheduler import apply_lr, lr_at
+
+    cfg, d = job.cfg, job.derived
+    apply_lr([job.opt_backbone, job.opt_head], lr_at(state.step, cfg.lr, d.warmup_steps, d.total_steps))
+    autocast = (torch.autocast(job.device.type, dtype=job.autocast_dtype) if job.autocast_dtype is not None
+                else nullcontext())
+    losses = []
+    for i, (images, labels) in enumerate(micro_batches):
+        last = i == len(micro_batches) - 1
+        sync = nullcontext() if last or job.world_size == 1 else job.backbone.no_sync()
+        with sync:
+            if cfg.channels_last:
+                images = images.contiguous(memory_format=torch.channels_last)
+            with autocast:
+                embeddings = job.backbone(images)  # (B, D)
+            loss = job.head(embeddings.float(), labels)
+            # Backward runs even for a non-finite loss, so every rank's DDP reducer sees the same iteration;
+            # the gradients are then dropped below. The loss is the global-batch mean: equal on every rank.
+            job.scaler.scale(loss / len(micro_batches)).backward()
+        losses.append(loss.detach())
+    loss_value = float(torch.stack(losses).mean())
+    if math.isfinite(loss_value):
+        state.nonfinite_in_row = 0
+        if cfg.clip_grad_norm > 0:
+            job.scaler.unscale_(job.opt_backbone)
+            torch.nn.utils.clip_grad_norm_(job.model.parameters(), cfg.clip_grad_norm)
+        job.scaler.step(job.opt_backbone)
+        job.scaler.step(job.opt_head)
+        job.scaler.update()
+    else:
+        state.nonfinite_in_row += 1
+        state.skipped_steps += 1
+        job.logger.warning("step %d: loss is %s; update skipped (%d in a row, stop at %d)", state.step,
+                           loss_value, state.nonfinite_in_row, cfg.max_nonfinite_steps)
+    job.opt_backbone.zero_grad(set_to_none=True)
+    job.opt_head.zero_grad(set_to_none=True)
+    if state.nonfinite_in_row >= cfg.max_nonfinite_steps:
+        raise NonFiniteLossError(
+            f"the loss was not finite for {state.nonfinite_in_row} optimizer steps in a row (up to step "
+            f"{state.step}); stopping. Weights were not updated on those steps and the newest complete "
+            f"checkpoint in {job.output / 'checkpoints'} is intact. Lower `lr`, check the data, or use fp16/bf16 "
+            f"with care")
+    return loss_value
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Loop
+# ----------------------------------------------------------------------------------------------------------
+class Meter:
+    """Running mean of the loss and throughput since the last log line."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.total, self.count, self.start = 0.0, 0, time.perf_counter()
+
+    def add(self, value: float) -> None:
+        if math.isfinite(value):
+            self.total += value
+            self.count += 1
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.count if self.count else float("nan")
+
+
+def train(job: Job, state: TrainState) -> None:
+    cfg, d, logger = job.cfg, job.derived, job.logger
+    steps_per_epoch, total_steps = d.steps_per_epoch, d.total_steps
+    samples_per_step = d.global_batch_size * cfg.gradient_acc
+    progress = None
+    if job.rank == 0 and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        progress = tqdm(total=total_steps, initial=state.step, unit="step", dynamic_ncols=True)
+    meter, run_start, run_start_step = Meter(), time.perf_counter(), state.step
+    logger.info("training: %d steps (%d per epoch), global batch %d x %d accumulation, from step %d",
+                total_steps, steps_per_epoch, d.global_batch_size, cfg.gradient_acc, state.step)
+    while state.step < total_steps:
+        job.loader.set_epoch(state.epoch, start_step=state.step_in_epoch * cfg.gradient_acc)
+        batches = iter(job.loader)
+        while state.step_in_epoch < steps_per_epoch and state.step < total_steps:
+            micro = [next(batches) for _ in range(cfg.gradient_acc)]
+            loss = optimizer_step(job, state, micro)
+            meter.add(loss)
+            state.step += 1
+            state.step_in_epoch += 1
+            epoch_end = state.step_in_epoch == steps_per_epoch
+            if epoch_end:
+                state.epoch, state.step_in_epoch = state.epoch + 1, 0
+            if progress is not None:
+                progress.update(1)
+                progress.set_postfix(loss=f"{meter.mean:.3f}", epoch=state.epoch)
+            if state.step % cfg.frequent == 0 or state.step == total_steps:
+                log_progress(job, state, meter, samples_per_step, run_start, run_start_step)
+            if job.callback is not None and (state.step % cfg.verbose == 0 or state.step == total_steps):
+                job.callback(state.step, job.model)
+            if epoch_end or state.step == total_steps or (
+                    cfg.save_every_steps and state.step % cfg.save_every_steps == 0):
+                save(job, state)
+            if epoch_end:
+                break
+    if progress is not None:
+        progress.close()
+    logger.info("done: %d steps, %d skipped for a non-finite loss; model at %s", state.step, state.skipped_steps,
+                job.output / "model.pt")
+
+
+def log_progress(job: Job, state: TrainState, meter: Meter, samples_per_step: int, run_start: float,
+                 run_start_step: int) -> None:
+    now = time.perf_counter()
+    steps = max(state.step - run_start_step, 1)
+    interval_steps = max(job.cfg.frequent, 1)
+    speed = samples_per_step * interval_steps / max(now - meter.start, 1e-9)
+    eta = (job.derived.total_steps - state.step) * (now - run_start) / steps
+    lr = job.opt_backbone.param_groups[0]["lr"]
+    scale = job.scaler.get_scale() if job.scaler.is_enabled() else 1.0
+    job.logger.info("step %d/%d epoch %d | loss %.4f | lr %.6f | %.1f samples/s | grad scale %g | eta %s",
+                    state.step, job.derived.total_steps, state.epoch, meter.mean, lr, speed, scale,
+                    datetime.timedelta(seconds=int(eta)))
+    if job.writer is not None:
+        job.writer.add_scalar("train/loss", meter.mean, state.step)
+        job.writer.add_scalar("train/lr", lr, state.step)
+        job.writer.add_scalar("train/samples_per_sec", speed, state.step)
+        if job.scaler.is_enabled():
+            job.writer.add_scalar("train/grad_scale", scale, state.step)
+    meter.reset()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Entry point
+# ----------------------------------------------------------------------------------------------------------
+def main(argv: Sequence[str] | None = None) -> int:
+    from utils import checkpoint
+    from utils.config import check_paths, check_world, load_config
+    from utils.distributed import get_rank, get_world_size
+    from utils.logging_setup import setup_logging
+
+    args = parse_args(argv)
+    overrides = list(args.overrides) + (["resume=true"] if args.resume else [])
+    cfg = load_config(args.config, overrides)
+    device = pick_device(cfg.device)
+    init_distributed(device, cfg.dist_timeout_minutes)
+    try:
+        rank, world_size = get_rank(), get_world_size()
+        logger = setup_logging(rank, cfg.output)
+        check_world(cfg, world_size)
+        check_paths(cfg)
+        logger.info("config %s (%d ranks, device %s):\n%s", args.config, world_size, device, cfg)
+        job = build(cfg, rank, world_size, device, logger)
+        state = TrainState()
+        if rank == 0:
+            checkpoint.clean_partial(job.output)
+        if isinstance(cfg.resume, str):
+            latest = Path(cfg.resume)
+        else:
+            latest = checkpoint.find_latest(job.output) if (cfg.resume or cfg.auto_resume) else None
+        if cfg.resume and latest is None:
+            logger.info("resume requested but %s holds no complete checkpoint: starting from step 0",
+                        job.output / "checkpoints")
+        if latest is not None:
+            state = resume(job, latest)
+        train(job, state)
+        if job.writer is not None:
+            job.writer.close()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
