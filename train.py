@@ -404,14 +404,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = parse_args(argv)
     overrides = list(args.overrides) + (["resume=true"] if args.resume else [])
-    cfg = load_config(args.config, overrides)
+    try:
+        cfg = load_config(args.config, overrides)
+    except (ValueError, FileNotFoundError) as exc:  # a mistake in the config or --set: one line, no traceback
+        print(f"train.py: {exc}", file=sys.stderr)
+        return 2
     device = pick_device(cfg.device)
     init_distributed(device, cfg.dist_timeout_minutes)
     try:
         rank, world_size = get_rank(), get_world_size()
         logger = setup_logging(rank, cfg.output)
-        check_world(cfg, world_size)
-        check_paths(cfg)
+        try:
+            check_world(cfg, world_size)
+            check_paths(cfg)
+        except ValueError as exc:
+            logger.error("%s", exc)
+            return 2
         logger.info("config %s (%d ranks, device %s):\n%s", args.config, world_size, device, cfg)
         job = build(cfg, rank, world_size, device, logger)
         state = TrainState()

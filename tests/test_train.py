@@ -141,9 +141,10 @@ def test_two_node_launch_trains_like_one_node(two_rank_run, tmp_path):
 
 
 def test_train_cli_rejects_a_misspelt_key_with_a_suggestion(tmp_path):
-    proc = train(CONFIG, tmp_path, "lr_rate=0.1", check=False, timeout=120)
-    assert proc.returncode != 0
-    assert "lr_rate" in proc.stderr and "'lr'" in proc.stderr
+    proc = train(CONFIG, tmp_path, "momentun=0.8", check=False, timeout=120)
+    assert proc.returncode == 2
+    assert "momentun" in proc.stderr and "'momentum'" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 # ---------------------------------------------------------------------------------------- accumulation
