@@ -18,12 +18,20 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
+import logging
 import math
+import multiprocessing
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator, Literal
 
 import numpy as np
 from PIL import Image
+from tqdm import tqdm
+
+logger = logging.getLogger(__name__)
 
 IMAGE_SIZE = 112
 # Canonical face coordinates: the image spans [-1, 1] on both axes at scale 1 (y points down).
@@ -548,3 +556,119 @@ def iter_train_items(seed: int, num_classes: int, images_per_class: int) -> Iter
     for c in range(num_classes):
         for jpeg in train_identity_images(seed, c, images_per_class):
             yield c, jpeg
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Whole datasets on disk: train.rec/train.idx/property plus syn_easy.bin / syn_hard.bin and a stamp.
+# ---------------------------------------------------------------------------------------------------------
+
+# Bump when the renderer or the parameter distributions change: cached datasets are then rebuilt.
+GENERATOR_VERSION = 1
+STAMP_NAME = "synthetic.json"
+VERIFICATION_TARGETS = ("syn_easy", "syn_hard")
+_PAIR_CHUNK = 50
+
+
+def _train_job(args: tuple[int, int, int]) -> list[bytes]:
+    return train_identity_images(*args)
+
+
+def _pairs_job(args: tuple[int, str, list[PairSpec]]) -> list[bytes]:
+    return render_pair_images(*args)
+
+
+def dataset_stamp(num_classes: int, images_per_class: int, pairs: int, seed: int) -> dict:
+    """The JSON stamp that identifies a complete dataset built with these parameters."""
+    return {"generator_version": GENERATOR_VERSION, "num_classes": num_classes,
+            "images_per_class": images_per_class, "pairs": pairs, "seed": seed,
+            "train_ids": [0, num_classes],
+            "eval_ids": {k: [EVAL_ID_BASE[k], EVAL_ID_BASE[k] + max(2, pairs // 4)] for k in EVAL_ID_BASE},
+            "targets": list(VERIFICATION_TARGETS)}
+
+
+def is_complete(out_dir: str | os.PathLike, stamp: dict) -> bool:
+    """True when ``out_dir`` holds every file of a dataset whose stamp equals ``stamp``."""
+    out = Path(out_dir)
+    path = out / STAMP_NAME
+    if not path.is_file():
+        return False
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        logger.warning("ignoring unreadable stamp %s: %s", path, exc)
+        return False
+    names = ["train.rec", "train.idx", "property"] + [f"{t}.bin" for t in VERIFICATION_TARGETS]
+    return found == stamp and all((out / n).is_file() for n in names)
+
+
+def write_dataset(out_dir: str | os.PathLike, num_classes: int = 1000, images_per_class: int = 20,
+                  pairs: int = 3000, seed: int = 0, workers: int = 1, progress: bool = False) -> bool:
+    """Write a synthetic dataset in the real formats; return False when an identical one was already there.
+
+    ``out_dir`` receives ``train.rec``/``train.idx``/``property`` (insightface layout, labels
+    ``0..num_classes-1``), ``syn_easy.bin`` and ``syn_hard.bin`` (``pairs`` pairs each, half same, from
+    identities disjoint from the training ones) and, last, the stamp ``synthetic.json``. The output is
+    byte-identical for the same parameters whatever ``workers`` is.
+    """
+    for name, value, low in (("num_classes", num_classes, 1), ("images_per_class", images_per_class, 1),
+                             ("pairs", pairs, 2), ("workers", workers, 1)):
+        if value < low:
+            raise ValueError(f"{name} must be >= {low}, got {value}")
+    if num_classes >= min(EVAL_ID_BASE.values()):
+        raise ValueError(f"num_classes must be < {min(EVAL_ID_BASE.values())} so training identities stay "
+                         f"disjoint from verification identities, got {num_classes}")
+    out = Path(out_dir)
+    stamp = dataset_stamp(num_classes, images_per_class, pairs, seed)
+    if is_complete(out, stamp):
+        logger.info("%s already holds this synthetic dataset; nothing to do", out)
+        return False
+    # Imported here: they pull in torch, which rendering and the cache check do not need.
+    from eval.verification import save_bin
+    from utils.recordio import write_insightface_rec
+
+    out.mkdir(parents=True, exist_ok=True)
+    # Remove an old stamp first: an interrupted rebuild must not look complete.
+    (out / STAMP_NAME).unlink(missing_ok=True)
+
+    total = num_classes * images_per_class + 2 * 2 * pairs
+    bar = tqdm(total=total, unit="img", desc=f"synthetic -> {out}", disable=not progress)
+    pool = multiprocessing.get_context("spawn").Pool(workers) if workers > 1 else None
+    imap = pool.imap if pool is not None else map
+    try:
+        def train_items() -> Iterator[tuple[int, bytes]]:
+            jobs = ((seed, c, images_per_class) for c in range(num_classes))
+            for c, images in enumerate(imap(_train_job, jobs)):
+                bar.update(len(images))
+                for jpeg in images:
+                    yield c, jpeg
+
+        write_insightface_rec(out, train_items(), num_classes)
+        for target, kind in zip(VERIFICATION_TARGETS, ("easy", "hard")):
+            specs = pair_specs(seed, kind, pairs)
+            images: list[bytes] = []
+            chunks = ((seed, kind, specs[i:i + _PAIR_CHUNK]) for i in range(0, len(specs), _PAIR_CHUNK))
+            for chunk in imap(_pairs_job, chunks):
+                images.extend(chunk)
+                bar.update(len(chunk))
+            save_bin(out / f"{target}.bin", images, [s.issame for s in specs])
+    finally:
+        if pool is not None:
+            pool.close()
+            pool.join()
+        bar.close()
+    tmp = out / f"{STAMP_NAME}.tmp"
+    tmp.write_text(json.dumps(stamp, indent=1))
+    os.replace(tmp, out / STAMP_NAME)
+    return True
+
+
+def preview_grid(path: str | os.PathLike, seed: int = 0, identities: int = 6, variations: int = 8,
+                 split: Split = "train") -> None:
+    """Write a PNG grid: one row per training identity, one column per nuisance draw."""
+    rows = []
+    for c in range(identities):
+        p = identity_params(seed, c)
+        rows.append(np.concatenate([render_sample(seed, split, p, c, i)[0] for i in range(variations)], axis=1))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.concatenate(rows, axis=0), "RGB").save(path, format="PNG")

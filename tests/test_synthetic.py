@@ -1,0 +1,131 @@
+"""Synthetic identities: determinism, image format, nuisance variation, disjoint splits, real-format output."""
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from scripts import make_synthetic
+from utils import synthetic as S
+
+
+def _decode(jpeg: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(jpeg)).convert("RGB"))
+
+
+def test_identity_params_are_deterministic_and_independent_of_the_count():
+    assert S.identity_params(0, 7) == S.identity_params(0, 7)
+    assert S.identity_params(0, 7) != S.identity_params(1, 7)
+    assert S.identity_params(0, 7) != S.identity_params(0, 8)
+    # Identity 3's images are the same whether 4 or 50 training identities are generated.
+    few = [jpeg for label, jpeg in S.iter_train_items(0, 4, 2) if label == 3]
+    assert few == S.train_identity_images(0, 3, 2)
+    with pytest.raises(ValueError, match="identity must be >= 0, got -1"):
+        S.identity_params(0, -1)
+
+
+def test_same_seed_gives_identical_bytes_and_another_seed_does_not():
+    a = S.train_identity_images(5, 2, 3)
+    assert a == S.train_identity_images(5, 2, 3)
+    assert a != S.train_identity_images(6, 2, 3)
+    assert len(set(a)) == 3  # every image of an identity is a different draw
+
+
+def test_images_are_112_rgb_uint8_and_vary_with_nuisance():
+    p = S.identity_params(0, 1)
+    arrays = [S.render_sample(0, "train", p, 1, i)[0] for i in range(6)]
+    for img in arrays:
+        assert img.shape == (112, 112, 3) and img.dtype == np.uint8
+    decoded = _decode(S.train_identity_images(0, 1, 1)[0])
+    assert decoded.shape == (112, 112, 3) and decoded.dtype == np.uint8
+    diffs = [np.abs(arrays[0].astype(int) - a.astype(int)).mean() for a in arrays[1:]]
+    assert min(diffs) > 5.0, diffs
+    # Pixels vary too within an image (a face, not a flat colour).
+    assert arrays[0].std() > 10.0
+
+
+def test_hard_siblings_share_colours_but_differ_in_features():
+    base = S.identity_params(0, 20_000_001)
+    sib = S.sibling_params(0, 20_000_001, 1)
+    assert sib != base and sib.skin == base.skin and sib.hair == base.hair
+    assert sib == S.sibling_params(0, 20_000_001, 1)
+
+
+@pytest.mark.parametrize("kind", ["easy", "hard"])
+def test_pairs_are_half_same_and_disjoint_from_training_ids(kind):
+    specs = S.pair_specs(0, kind, 40)
+    assert [s.issame for s in specs] == [i % 2 == 0 for i in range(40)]
+    for s in specs:
+        assert s.a[0] >= S.EVAL_ID_BASE[kind] and s.b[0] >= S.EVAL_ID_BASE[kind]
+        assert (s.a == s.b) == s.issame
+        if kind == "hard" and not s.issame:
+            assert s.a[0] == s.b[0]  # negatives are look-alikes from one family
+    with pytest.raises(ValueError, match="kind must be one of"):
+        S.pair_specs(0, "medium", 40)
+
+
+def test_write_dataset_rejects_bad_values(tmp_path):
+    with pytest.raises(ValueError, match="images_per_class must be >= 1, got 0"):
+        S.write_dataset(tmp_path, num_classes=2, images_per_class=0)
+    with pytest.raises(ValueError, match="num_classes must be < 10000000"):
+        S.write_dataset(tmp_path, num_classes=10_000_000)
+
+
+@pytest.mark.timeout(120)
+def test_script_writes_real_formats_that_our_readers_read_back(tmp_path):
+    recordio = pytest.importorskip("utils.recordio")
+    verification = pytest.importorskip("eval.verification")
+    out, preview = tmp_path / "syn", tmp_path / "preview.png"
+    args = ["--out", str(out), "--num-classes", "4", "--images-per-class", "3", "--pairs", "8", "--workers", "1"]
+    assert make_synthetic.main(args + ["--preview", str(preview)]) == 0
+
+    assert (out / "property").read_text().strip() == "4,112,112"
+    with recordio.IndexedRecordIO(out / "train.idx", out / "train.rec", "r") as rec:
+        header, _ = recordio.unpack(rec.read_idx(0))
+        assert [int(x) for x in np.atleast_1d(header.label)] == [13, 17]  # 12 images, then 4 identity records
+        labels = []
+        for key in range(1, 13):
+            h, jpeg = recordio.unpack(rec.read_idx(key))
+            labels.append(int(np.atleast_1d(h.label)[0]))
+            assert _decode(jpeg).shape == (112, 112, 3)
+        assert labels == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+        # Training images are exactly what the generator renders for those identities.
+        assert recordio.unpack(rec.read_idx(4))[1] == S.train_identity_images(0, 1, 3)[0]
+
+    for target, kind in (("syn_easy", "easy"), ("syn_hard", "hard")):
+        (images, flipped), issame = verification.load_bin(out / f"{target}.bin")
+        assert tuple(images.shape) == (16, 3, 112, 112) and issame == [i % 2 == 0 for i in range(8)]
+    stamp = json.loads((out / S.STAMP_NAME).read_text())
+    assert stamp["train_ids"][1] <= min(v[0] for v in stamp["eval_ids"].values())
+
+    png = Image.open(preview)
+    assert png.format == "PNG" and png.size == (8 * 112, 6 * 112)
+
+    dataset = pytest.importorskip("dataset")
+    ds = dataset.MXFaceDataset(str(out))
+    assert len(ds) == 12
+    img, label = ds[4]
+    assert tuple(img.shape) == (3, 112, 112) and int(label) == 1
+
+
+@pytest.mark.timeout(120)
+def test_cache_skips_a_complete_dataset_and_rebuilds_on_other_parameters(tmp_path):
+    pytest.importorskip("utils.recordio")
+    pytest.importorskip("eval.verification")
+    kw = dict(num_classes=2, images_per_class=2, pairs=4, seed=0)
+    assert S.write_dataset(tmp_path, **kw) is True
+    rec = (tmp_path / "train.rec").read_bytes()
+    assert S.write_dataset(tmp_path, **kw) is False
+    # Two worker processes give the same bytes as one.
+    assert S.write_dataset(tmp_path, **{**kw, "seed": 1}, workers=2) is True
+    assert (tmp_path / "train.rec").read_bytes() != rec
+    other = tmp_path / "other"
+    assert S.write_dataset(other, **{**kw, "seed": 1}, workers=1) is True
+    for name in ("train.rec", "train.idx", "syn_easy.bin", "syn_hard.bin"):
+        assert (other / name).read_bytes() == (tmp_path / name).read_bytes(), name
+    # An interrupted build (stamp missing) is not taken for a complete one.
+    (other / S.STAMP_NAME).unlink()
+    assert S.write_dataset(other, **{**kw, "seed": 1}) is True
