@@ -152,7 +152,7 @@ def build(cfg, rank: int, world_size: int, device: torch.device, logger) -> Job:
     m1, m2, m3 = cfg.margin_list
     margin = CombinedMarginLoss(cfg.margin_scale, m1, m2, m3, cfg.interclass_filtering_threshold,
                                 gradient=cfg.margin_gradient)
-    head = PartialFC(margin, cfg.embedding_size, cfg.num_classes, cfg.sample_rate).to(device)
+    head = PartialFC(margin, cfg.embedding_size, cfg.num_classes, cfg.sample_rate, seed=cfg.seed).to(device)
 
     opt_backbone = build_optimizer(cfg.optimizer, model.parameters(), cfg.lr, cfg.momentum, cfg.weight_decay)
     opt_head = build_head_optimizer(head, cfg.optimizer, lr=cfg.lr, momentum=cfg.momentum,

@@ -26,6 +26,7 @@ from torch import nn
 from tqdm import tqdm
 
 from eval.verification import load_bin, test
+from utils.weights import load_weights
 
 # Keys of test()'s result written to --json (the ROC arrays go to --roc instead).
 JSON_KEYS = ("pairs", "acc", "acc_std", "acc_noflip", "val", "val_std", "far", "xnorm", "threshold")
@@ -56,36 +57,6 @@ class OnnxBackbone(nn.Module):
         return torch.from_numpy(out)
 
 
-def load_weights(model: nn.Module, path: Path, network: str) -> None:
-    """Load the state_dict in ``path`` into ``model``, strictly; ``ValueError`` (one line) on a mismatch.
-
-    Read with ``weights_only=True``: a file that would run code when unpickled is refused. Weights saved
-    from a DDP-wrapped model (every key prefixed ``module.``) are accepted.
-    """
-    if not path.is_file():
-        raise FileNotFoundError(f"weights file not found: {path}")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # UnpicklingError for foreign/hostile files, RuntimeError for a damaged zip
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        raise ValueError(f"{path}: not a loadable weights file ({type(exc).__name__}: {first})") from exc
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ValueError(f"{path}: expected a state_dict (a dict of tensors), got {type(state).__name__}")
-    if state and all(k.startswith("module.") for k in state):
-        state = {k[len("module."):]: v for k, v in state.items()}
-    expected = model.state_dict()
-    problems = []
-    for label, keys in (("missing keys", [k for k in expected if k not in state]),
-                        ("unexpected keys", [k for k in state if k not in expected]),
-                        ("shape mismatches", [f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}"
-                                              for k, v in expected.items() if k in state and state[k].shape != v.shape])):
-        if keys:
-            problems.append(f"{len(keys)} {label} (e.g. {', '.join(keys[:3])})")
-    if problems:
-        raise ValueError(f"{path} does not fit network {network}: " + "; ".join(problems))
-    model.load_state_dict(state, strict=True)
-
-
 def model_arg(text: str) -> tuple[str, Any]:
     """argparse type of ``--model-arg KEY=VALUE``: VALUE as a Python literal, else as a string."""
     key, sep, value = text.partition("=")
@@ -109,7 +80,7 @@ def build_backbone(args: argparse.Namespace) -> nn.Module:
         torch.manual_seed(args.random_init)  # the same SEED gives the same untrained network
     model = get_model(args.network, num_features=args.embedding_size, **dict(args.model_arg))
     if args.weights is not None:
-        load_weights(model, args.weights, args.network)
+        load_weights(model, args.weights, network=args.network)
     return model.to(args.device)
 
 

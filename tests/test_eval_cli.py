@@ -102,7 +102,7 @@ def test_mismatched_weights_exit_with_one_line(trained):
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=50)
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "does not fit network tiny" in lines[0] and "shape mismatch" in lines[0], proc.stderr
+    assert len(lines) == 1 and "does not match network tiny" in lines[0] and "shape mismatch" in lines[0], proc.stderr
 
 
 def test_missing_files_and_exclusive_sources(trained, capsys):
