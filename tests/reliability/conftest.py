@@ -1,0 +1,33 @@
+"""Shared trainer runs for the reliability tests.
+
+One uninterrupted 2-rank run of configs/debug_cpu.py (40 steps, a checkpoint every 5, all kept) is the
+reference that the kill, crash and world-size tests compare against or resume from; it runs once per session.
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from _launch import train
+
+CONFIG = "configs/debug_cpu"
+# save_every_steps and keep_checkpoints are outside the config fingerprint: runs that differ only in them
+# train the same model and may resume each other's checkpoints.
+REFERENCE = ("save_every_steps=5", "keep_checkpoints=20", "frequent=1")
+
+
+@pytest.fixture(scope="session")
+def reference_run(tmp_path_factory) -> Path:
+    """output folder of an uninterrupted 2-rank, 40-step run (model.pt, checkpoints every 5 steps)."""
+    output = tmp_path_factory.mktemp("reference") / "run"
+    train(CONFIG, output, *REFERENCE, nproc=2)
+    return output
+
+
+def copy_checkpoints_until(src: Path, dst: Path, step: int) -> Path:
+    """``dst`` holding ``src``'s checkpoints up to ``step``: a run that stopped right after that step."""
+    shutil.copytree(src / "checkpoints", dst / "checkpoints",
+                    ignore=lambda _, names: [n for n in names if n.startswith("step_") and int(n[5:14]) > step])
+    return dst
