@@ -242,7 +242,14 @@ def resume(job: Job, ckpt_dir: Path) -> TrainState:
         torch.manual_seed(job.cfg.seed + 1_000_003 * common["step"] + job.rank)
         job.logger.info("world size changed %d -> %d: head re-partitioned, random streams re-seeded",
                         common["world_size"], job.world_size)
-    state = TrainState(step=common["step"], epoch=common["epoch"], step_in_epoch=common["step_in_epoch"],
+    epoch, step_in_epoch = common["epoch"], common["step_in_epoch"]
+    if common["world_size"] != job.world_size:
+        # The position counts steps of the old global batch, and an epoch has a different number of steps now:
+        # keep the samples consumed in this epoch (rounded down: a few are seen again rather than skipped).
+        step_in_epoch = step_in_epoch * common["world_size"] // job.world_size
+        if step_in_epoch >= job.derived.steps_per_epoch:
+            epoch, step_in_epoch = epoch + 1, 0
+    state = TrainState(step=common["step"], epoch=epoch, step_in_epoch=step_in_epoch,
                        skipped_steps=common["config"].get("skipped_steps", 0))
     job.logger.info("resumed from %s at step %d (epoch %d, step %d in epoch)", ckpt_dir, state.step,
                     state.epoch, state.step_in_epoch)
