@@ -118,6 +118,7 @@ class MXFaceDataset(Dataset):
             raise RecordIOError(f"{idx_path}: {len(past)} index offsets are past the end of {rec_path} "
                                 f"({rec_path.stat().st_size} bytes), e.g. (key, offset) {past[:3]}; "
                                 f"the .rec is truncated or belongs to another index")
+        self._rec.read_last()  # a copy cut short loses its last record: say so now, not at the end of an epoch
         self.layout, self.keys, header_classes = detect_layout(self._rec)
         prop = _read_property(root / "property")
         known: dict[str, int] = {}

@@ -199,6 +199,13 @@ class IndexedRecordIO:
         bad = np.flatnonzero((self._offsets < 0) | (self._offsets + 8 > self._rec_size))
         return [(int(self._keys[i]), int(self._offsets[i])) for i in bad]
 
+    def read_last(self) -> bytes:
+        """The payload of the record at the largest offset: one read that finds a truncated ``.rec`` at open time."""
+        if len(self._offsets) == 0:
+            return b""
+        i = int(np.argmax(self._offsets))
+        return self.read_at(int(self._offsets[i]), int(self._keys[i]))
+
     def _file(self) -> int:
         # Forked DataLoader workers inherit the parent's descriptor; a per-process one keeps them independent.
         if self._fd is None or self._pid != os.getpid():
