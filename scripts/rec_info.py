@@ -15,6 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from dataset import _read_property, class_of, decode, detect_layout  # noqa: E402
@@ -41,12 +42,19 @@ def rec_info(root: Path, check: bool = False, image_size: tuple[int, int] | None
             problems.append(f"{root / 'property'} says {prop[0]} classes, the header record {header_classes}")
         labels: Counter[int] = Counter()
         if check:
-            for key in tqdm(keys.tolist(), desc="rec_info", unit="rec"):
+            # Every record, not only the images: the header and class-range records can be damaged too.
+            all_keys = rec.key_array
+            is_image = np.isin(all_keys, keys)
+            for key, image_record in tqdm(zip(all_keys.tolist(), is_image.tolist()), total=len(all_keys),
+                                          desc="rec_info", unit="rec"):
                 if key in past:
                     continue
                 where = f"{rec_path} (key {key})"
                 try:
-                    header, image = unpack(rec.read_idx(key))
+                    payload = rec.read_idx(key)
+                    if not image_record:
+                        continue
+                    header, image = unpack(payload)
                     label = class_of(header.label, where)
                     labels[label] += 1
                     if num_classes is not None and label >= num_classes:
