@@ -1,0 +1,170 @@
+"""Corrupted RecordIO datasets: every defect gives one error naming the file, the key or offset and the bad
+value, at open time when it can be known then and otherwise at the record, through the real trainer, through
+``dataset.MXFaceDataset`` and through ``scripts/rec_info.py --check`` (all defects in one pass).
+
+tests/test_recordio.py, tests/test_dataset.py and tests/test_rec_scripts.py test the readers on hand-made
+im2rec files; here the folder is written by ``write_insightface_rec`` (the trainer's layout) and then damaged.
+"""
+from __future__ import annotations
+
+import re
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+from torchvision.io import encode_jpeg
+
+from _launch import ROOT, train
+from dataset import MXFaceDataset
+from scripts.rec_info import main as rec_info_main
+from scripts.rec_info import rec_info
+from utils.recordio import IndexedRecordIO, write_insightface_rec
+
+NUM_CLASSES, PER_CLASS = 4, 4  # 16 images: 2 steps of 8 per epoch on one rank, so every record is read
+TRAIN = (f"num_classes={NUM_CLASSES}", f"num_image={NUM_CLASSES * PER_CLASS}", "max_steps=4",
+         "save_all_states=false", "frequent=1")
+BAD_KEY = 6  # the damaged image record (keys 1..16 are images; 17..20 the class ranges)
+
+
+def build(root: Path, undecodable: bool = False) -> Path:
+    g = torch.Generator().manual_seed(0)
+    items = []
+    for label in range(NUM_CLASSES):
+        for _ in range(PER_CLASS):
+            image = encode_jpeg(torch.randint(0, 256, (3, 112, 112), dtype=torch.uint8, generator=g)).numpy()
+            items.append((label, image.tobytes()))
+    if undecodable:
+        items[BAD_KEY - 1] = (items[BAD_KEY - 1][0], b"\xff\xd8 this is not a jpeg")
+    write_insightface_rec(root, items, NUM_CLASSES)
+    return root
+
+
+def offset(root: Path, key: int) -> int:
+    with IndexedRecordIO(root / "train.idx", root / "train.rec", "r") as rec:
+        return rec.offset(key)
+
+
+def patch(path: Path, at: int, data: bytes) -> None:
+    with open(path, "r+b") as f:
+        f.seek(at)
+        f.write(data)
+
+
+def flip_magic(root: Path) -> str:
+    at = offset(root, BAD_KEY)
+    patch(root / "train.rec", at, b"\x0b\x23\xd7\xce")  # one bit of the magic's low byte flipped
+    return rf"train.rec \(key {BAD_KEY}\): bad magic 0xced7230b at byte {at}"
+
+
+def truncate_last_record(root: Path) -> str:
+    rec = root / "train.rec"
+    size = rec.stat().st_size
+    with IndexedRecordIO(root / "train.idx", rec, "r") as r:
+        last_key = int(r.key_array[-1])
+        last = r.offset(last_key)
+    with open(rec, "r+b") as f:
+        f.truncate(size - 3)
+    return rf"train.rec \(key {last_key}\): record at byte {last} announces \d+ bytes but the file ends"
+
+
+def offset_past_end(root: Path) -> str:
+    with open(root / "train.idx", "a") as f:
+        f.write("99\t123456789\n")
+    return r"offsets are past the end of .*train.rec .*\(99, 123456789\)"
+
+
+def undecodable(root: Path) -> str:
+    build(root, undecodable=True)
+    return rf"train.rec \(key {BAD_KEY}\): cannot decode image \(\d+ bytes, starts with b'\\xff\\xd8 this"
+
+
+def label_out_of_range(root: Path) -> str:
+    # IRHeader (flag uint32, label float32, ...) follows the 8-byte record header.
+    patch(root / "train.rec", offset(root, BAD_KEY) + 8 + 4, struct.pack("<f", 7.0))
+    return rf"train.rec \(key {BAD_KEY}\): label 7 is out of range for num_classes={NUM_CLASSES}"
+
+
+def missing_idx(root: Path) -> str:
+    (root / "train.idx").unlink()
+    return r"missing train.idx|not train.idx|index \(.idx\) not found: .*train.idx"
+
+
+DEFECTS: dict[str, Callable[[Path], str]] = {
+    "flipped_magic": flip_magic, "truncated_last_record": truncate_last_record,
+    "offset_past_end": offset_past_end, "undecodable_image": undecodable,
+    "label_out_of_range": label_out_of_range, "missing_idx": missing_idx,
+}
+AT_OPEN = {"offset_past_end", "missing_idx", "truncated_last_record"}
+
+
+def damaged(tmp_path: Path, defect: str) -> tuple[Path, str]:
+    root = build(tmp_path / defect)
+    return root, DEFECTS[defect](root)
+
+
+def test_the_undamaged_folder_reads_and_checks_clean(tmp_path):
+    root = build(tmp_path / "clean")
+    ds = MXFaceDataset(root, num_classes=NUM_CLASSES)
+    assert [int(ds[i][1]) for i in range(len(ds))] == [i // PER_CLASS for i in range(16)]
+    assert rec_info(root, check=True)["problems"] == []
+
+
+@pytest.mark.parametrize("defect", sorted(DEFECTS))
+def test_dataset_names_the_defect(tmp_path, defect):
+    root, message = damaged(tmp_path, defect)
+    if defect in AT_OPEN:
+        with pytest.raises((ValueError, FileNotFoundError), match=message):
+            MXFaceDataset(root, num_classes=NUM_CLASSES)
+        return
+    ds = MXFaceDataset(root, num_classes=NUM_CLASSES)
+    for i in range(len(ds)):
+        if int(ds.keys[i]) == BAD_KEY:
+            with pytest.raises(ValueError, match=message):
+                ds[i]
+        else:
+            ds[i]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("defect", sorted(DEFECTS))
+def test_trainer_exits_with_the_defect(tmp_path, defect):
+    root, message = damaged(tmp_path, defect)
+    proc = train("configs/debug_cpu", tmp_path / "out", f"rec={root}", *TRAIN, check=False, timeout=100)
+    assert proc.returncode not in (0, -11), proc.stderr[-3000:]  # failed, and not by a segfault
+    assert re.search(message, proc.stderr + proc.stdout), proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("defect", sorted(DEFECTS))
+def test_rec_info_check_names_the_defect(tmp_path, defect, capsys):
+    root, message = damaged(tmp_path, defect)
+    code = rec_info_main([str(root), "--check"])
+    err = capsys.readouterr().err
+    assert code == (2 if defect == "missing_idx" else 1), err
+    # rec_info lists each bad index entry on its own line rather than the dataset's summary of them.
+    message = {"offset_past_end": r"train.rec \(key 99\): index offset 123456789 is past the end"}.get(defect, message)
+    assert re.search(message, err), err
+
+
+@pytest.mark.timeout(60)
+def test_rec_info_check_finds_every_defect_in_one_pass(tmp_path):
+    root = build(tmp_path / "all", undecodable=True)
+    # Several defects in one folder; each must be listed (the undecodable image is key BAD_KEY, so the magic
+    # and the label are damaged on other keys).
+    at3, at9 = offset(root, 3), offset(root, 9)
+    patch(root / "train.rec", at3, b"\x0b\x23\xd7\xce")
+    patch(root / "train.rec", at9 + 12, struct.pack("<f", 7.0))
+    truncated = truncate_last_record(root)
+    offset_past_end(root)
+    proc = subprocess.run([sys.executable, "scripts/rec_info.py", str(root), "--check"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    for needle in (rf"\(key 3\): bad magic 0xced7230b at byte {at3}", rf"\(key {BAD_KEY}\): cannot decode image",
+                   rf"\(key 9\): label 7 is out of range for num_classes={NUM_CLASSES}", truncated,
+                   r"\(key 99\): index offset 123456789 is past the end"):
+        assert re.search(needle, proc.stderr), f"{needle!r} not in:\n{proc.stderr}"
+    assert "5 problems:" in proc.stderr, proc.stderr
