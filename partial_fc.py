@@ -14,7 +14,7 @@ are the sampled classes at ``sample_rate < 1``).
 
 Sparse update (the Partial FC method): with ``sample_rate < 1`` a step samples every class present in
 the global batch plus uniformly drawn negatives, gathers those rows with
-``F.embedding(index, weight, sparse=True)`` and only those rows (weights *and* optimizer state) change:
+``_NormalizedLinear`` (a sparse gradient as ``F.embedding(sparse=True)``'s) and only those rows (weights *and* optimizer state) change:
 unsampled rows keep their values, momentum and Adam moments, and get no weight decay. The optimizers of
 ``build_head_optimizer`` (``RowSparseSGD``, ``RowSparseAdamW``) implement that; they also accept dense
 gradients (``sample_rate == 1``), where ``RowSparseSGD`` performs exactly ``torch.optim.SGD``'s update.
@@ -45,7 +45,6 @@ from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from utils.distributed import all_gather_cat, all_gather_sizes, get_rank, get_world_size, sharded_cross_entropy
@@ -58,7 +57,37 @@ logger = logging.getLogger(__name__)
 
 _INIT_BLOCK = 1024  # classes per independently seeded block of initial weights
 _NORM_EPS = 1e-12  # as F.normalize
-_ROW_CHUNK = 2048  # rows per fused optimizer update: keeps temporaries small and in cache
+_ROW_CHUNK = 1024  # rows per optimizer update: its (chunk, D) work buffers stay in cache
+
+
+class _Workspace:
+    """Large per-step buffers kept from one step to the next, by name.
+
+    A fresh multi-megabyte CPU buffer costs a page fault per 4 KiB page when first written (~0.7 ms/MB
+    measured here, as much as a pass of arithmetic over it), so the sampled rows, the cosines and the
+    dense weight gradient reuse the memory of the previous step. Only the *storage* is kept, never a
+    tensor: autograd adopts a returned gradient without copying it only when no other tensor refers to
+    it, and the storage's use count says whether anything from an earlier step still holds the memory
+    (a gradient kept for accumulation, a graph kept alive, a caller's reference); then a fresh buffer is
+    allocated and the held one is left alone.
+    """
+
+    def __init__(self) -> None:
+        self._storages: dict[str, torch.UntypedStorage] = {}
+
+    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+        """An uninitialised ``shape`` tensor; reuses ``name``'s memory when nothing else holds it."""
+        nbytes = dtype.itemsize
+        for n in shape:
+            nbytes *= n
+        held = self._storages.get(name)
+        # 1 = only this workspace refers to the storage (torch has no public use count for storages).
+        if (held is not None and held.device == device and held.nbytes() >= nbytes
+                and torch._C._storage_Use_Count(held._cdata) == 1):
+            return torch.empty(0, dtype=dtype, device=device).set_(held, 0, shape)
+        out = torch.empty(shape, dtype=dtype, device=device)
+        self._storages[name] = out.untyped_storage()
+        return out
 
 
 def class_partition(num_classes: int, world_size: int, rank: int) -> tuple[int, int]:
@@ -95,59 +124,82 @@ def _init_rows(seed: int, class_start: int, num_local: int, dim: int) -> Tensor:
 
 
 class _NormalizedLinear(torch.autograd.Function):
-    """Cosines between rows of ``emb (B, D)`` and rows of ``weight (C, D)``: ``(B, C)`` fp32.
+    """Cosines between rows of ``emb (B, D)`` and rows ``index (C,)`` of ``weight (N, D)``: ``(B, C)`` fp32.
+
+    ``index`` (sorted, unique) selects the sampled rows, gathered into a workspace buffer; ``None``
+    uses all ``N`` rows. With an index the weight gradient is a coalesced sparse ``(N, D)`` tensor whose
+    values are the gathered rows overwritten by their gradient (what ``F.embedding(sparse=True)`` gives,
+    without its fresh buffers).
 
     Forward: ``cos = (emb / |emb|) @ (weight / |weight|)ᵀ``, computed as ``(ê @ Wᵀ) · diag(1/|W|)`` so the
     normalised weight is never materialised. The matmul runs in the ambient autocast dtype, if any.
     Backward, with ``g = ∂L/∂cos`` and ``G = g · diag(1/|W|)``:
     ``∂L/∂W = Gᵀ ê − diag(Σ_b g⊙cos / |W|²) W`` and ``∂L/∂emb = diag(1/|e|)(G W − diag(Σ_c g⊙cos) ê)``
     (the row dots ``ŵ·∂L/∂ŵ`` equal ``Σ_b g⊙cos``, so no (C, D) temporary is needed). Rows with a norm
-    below 1e-12 are divided by 1e-12 instead, as ``F.normalize``. The saved cosine buffer is reused in
-    backward, so the backward can run once. ``reuse_weight=True`` (only for a temporary copy of rows, such
-    as the output of ``F.embedding``) overwrites ``weight`` with its gradient in backward.
+    below 1e-12 are divided by 1e-12 instead, as ``F.normalize``. The cosines live in a workspace buffer
+    that the backward overwrites, so the backward can run once. fp32 products run as ``mm(out=)`` into
+    workspace buffers: a step allocates no large fresh tensor here.
     """
 
     @staticmethod
-    def forward(ctx, emb: Tensor, weight: Tensor, reuse_weight: bool) -> Tensor:
+    def forward(ctx, emb: Tensor, weight: Tensor, index: Tensor | None, workspace: _Workspace) -> Tensor:
         device_type = emb.device.type
         compute_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) \
             else torch.float32
         with torch.autocast(device_type, enabled=False):
+            if index is not None:
+                rows = workspace.get("rows", (index.numel(), weight.shape[1]), weight.dtype, weight.device)
+                torch.index_select(weight, 0, index, out=rows)  # (C, D) the sampled rows
+            else:
+                rows = weight  # (C, D)
             emb = emb.float()
             e_norm = torch.linalg.vector_norm(emb, dim=1)  # (B,)
-            w_norm = torch.linalg.vector_norm(weight, dim=1)  # (C,)
+            w_norm = torch.linalg.vector_norm(rows, dim=1)  # (C,)
             inv_e = 1.0 / e_norm.clamp_min(_NORM_EPS)  # (B,)
             inv_w = 1.0 / w_norm.clamp_min(_NORM_EPS)  # (C,)
             e_hat = emb * inv_e[:, None]  # (B, D)
-            cos = torch.mm(e_hat.to(compute_dtype), weight.to(compute_dtype).t()).float()  # (B, C)
+            cos = workspace.get("cos", (emb.shape[0], rows.shape[0]), torch.float32, emb.device)  # (B, C)
+            if compute_dtype == torch.float32 and rows.dtype == torch.float32:
+                torch.mm(e_hat, rows.t(), out=cos)
+            else:
+                cos.copy_(torch.mm(e_hat.to(compute_dtype), rows.to(compute_dtype).t()))
             cos.mul_(inv_w[None, :])
         ctx.compute_dtype = compute_dtype
-        ctx.reuse_weight = reuse_weight
-        ctx.save_for_backward(e_hat, weight, inv_e, inv_w, e_norm > _NORM_EPS, w_norm > _NORM_EPS, cos)
+        ctx.weight_shape = weight.shape
+        ctx.workspace = workspace
+        ctx.save_for_backward(e_hat, rows, index, inv_e, inv_w, e_norm > _NORM_EPS, w_norm > _NORM_EPS, cos)
         return cos
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        e_hat, weight, inv_e, inv_w, e_ok, w_ok, cos = ctx.saved_tensors
+        e_hat, rows, index, inv_e, inv_w, e_ok, w_ok, cos = ctx.saved_tensors
         cd = ctx.compute_dtype
         prod = cos.mul_(grad)  # (B, C) g⊙cos, in the forward's buffer
         dot_w = prod.sum(dim=0).mul_(w_ok)  # (C,) ŵ·∂L/∂ŵ
         dot_e = prod.sum(dim=1).mul_(e_ok)  # (B,) ê·∂L/∂ê
         scaled = torch.mul(grad, inv_w[None, :], out=prod)  # (B, C) G
         grad_emb = grad_weight = None
+        fp32 = cd == torch.float32 and rows.dtype == torch.float32
         if ctx.needs_input_grad[0]:
-            d_e_hat = torch.mm(scaled.to(cd), weight.to(cd)).float()  # (B, D)
+            d_e_hat = torch.mm(scaled.to(cd), rows.to(cd)).float()  # (B, D)
             grad_emb = d_e_hat.sub_(e_hat * dot_e[:, None]).mul_(inv_e[:, None])
         if ctx.needs_input_grad[1]:
-            coef = (dot_w * inv_w * inv_w)[:, None].to(weight.dtype)  # (C, 1)
-            if ctx.reuse_weight and cd == weight.dtype:
-                # The sampled rows are a per-step copy nobody else reads: turn them into the gradient in place,
-                # saving a fresh (C, D) allocation (page faults dominate memory-bound work on CPUs).
-                grad_weight = weight.mul_(-coef).addmm_(scaled.t(), e_hat)  # (C, D)
+            coef = (dot_w * inv_w * inv_w)[:, None].to(rows.dtype)  # (C, 1)
+            if index is not None and fp32:
+                # The gathered rows are this step's private copy: turn them into the gradient in place.
+                values = rows.mul_(-coef).addmm_(scaled.t(), e_hat)  # (C, D)
+            elif fp32:
+                values = ctx.workspace.get("grad_weight", tuple(rows.shape), rows.dtype, rows.device)
+                torch.mm(scaled.t(), e_hat, out=values).addcmul_(rows, coef, value=-1.0)  # (C, D)
             else:
-                grad_weight = torch.mm(scaled.t().to(cd), e_hat.to(cd)).to(weight.dtype)  # (C, D)
-                grad_weight.addcmul_(weight, coef, value=-1.0)
-        return grad_emb, grad_weight, None
+                values = torch.mm(scaled.t().to(cd), e_hat.to(cd)).to(rows.dtype)  # (C, D)
+                values.addcmul_(rows, coef, value=-1.0)
+            if index is None:
+                grad_weight = values
+            else:
+                grad_weight = torch.sparse_coo_tensor(index[None], values, ctx.weight_shape,
+                                                      is_coalesced=True, check_invariants=False)  # (N, D)
+        return grad_emb, grad_weight, None, None
 
 
 class PartialFC(nn.Module):
@@ -189,6 +241,7 @@ class PartialFC(nn.Module):
         self.num_sample = int(sample_rate * self.num_local)
         self.weight = nn.Parameter(_init_rows(seed, self.class_start, self.num_local, embedding_size))
         self._generator: torch.Generator | None = None
+        self._workspace = _Workspace()
 
     def extra_repr(self) -> str:
         return (f"embedding_size={self.embedding_size}, num_classes={self.num_classes}, "
@@ -226,7 +279,10 @@ class PartialFC(nn.Module):
             self._generator = torch.Generator(device=device)
         self._generator.manual_seed(seed)
         perm = torch.randperm(self.num_local, generator=self._generator, device=device)  # (num_local,)
-        negatives = perm[~mask[perm]][:missing]  # (num_sample - P,)
+        # At most P of the first missing + P entries are positives: filtering only that prefix gives the
+        # same negatives as filtering the whole permutation.
+        head = perm[: missing + index.numel()]  # (missing + P,)
+        negatives = head[~mask[head]][:missing]  # (num_sample - P,)
         return torch.cat([index, negatives]).sort().values  # (num_sample,)
 
     def forward(self, local_embeddings: Tensor, local_labels: Tensor) -> Tensor:
@@ -248,15 +304,14 @@ class PartialFC(nn.Module):
         local = labels - self.class_start  # (B_global,)
         in_shard = (local >= 0) & (local < self.num_local)  # (B_global,)
         if self.sample_rate < 1.0:
-            index = self._sample(local[in_shard])  # (C_s,) sorted
-            weight = F.embedding(index, self.weight, sparse=True)  # (C_s, D); sparse grad on the sampled rows
+            index = self._sample(local[in_shard])  # (C_s,) sorted; sparse weight grad on these rows
             target = torch.full_like(labels, -1)  # (B_global,)
             target[in_shard] = torch.searchsorted(index, local[in_shard])
         else:
-            weight = self.weight  # (num_local, D)
+            index = None
             target = torch.where(in_shard, local, torch.full_like(local, -1))  # (B_global,)
 
-        cos = _NormalizedLinear.apply(embeddings, weight, self.sample_rate < 1.0)  # (B_global, C_s) fp32
+        cos = _NormalizedLinear.apply(embeddings, self.weight, index, self._workspace)  # (B_global, C_s) fp32
         logits = self.margin_loss(cos, target)  # (B_global, C_s)
         return sharded_cross_entropy(logits, target)
 
@@ -293,9 +348,12 @@ class _RowSparseOptimizer(torch.optim.Optimizer):
     def _init_state(self, p: Tensor) -> dict[str, Tensor]:
         raise NotImplementedError
 
-    def _update(self, group: dict[str, Any], p: Tensor, state: dict[str, Tensor], rows: Tensor | None,
-                grad: Tensor, param_rows: Tensor, state_rows: dict[str, Tensor]) -> None:
-        """Update ``param_rows`` and ``state_rows`` (row slices or gathered copies) in place."""
+    def _update(self, group: dict[str, Any], grad: Tensor, param_rows: Tensor, state_rows: dict[str, Tensor],
+                scratch: Tensor) -> None:
+        """Update ``param_rows`` and ``state_rows`` (row slices or gathered copies) in place.
+
+        ``scratch`` is a work buffer of ``param_rows``' shape and dtype that the update may overwrite.
+        """
         raise NotImplementedError
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -322,14 +380,26 @@ class _RowSparseOptimizer(torch.optim.Optimizer):
                     continue
                 state = self.state[p]
                 rows, values = _rows_of(p.grad)
-                if rows is None:
-                    self._update(group, p, state, None, values, p, state)
-                    continue
-                for start in range(0, rows.numel(), _ROW_CHUNK):
-                    idx = rows[start: start + _ROW_CHUNK]  # (chunk,)
-                    param_rows = p.index_select(0, idx)  # (chunk, D)
-                    state_rows = {k: state[k].index_select(0, idx) for k in self._state_keys}
-                    self._update(group, p, state, idx, values[start: start + _ROW_CHUNK], param_rows, state_rows)
+                count = p.shape[0] if rows is None else rows.numel()
+                # Chunks of rows, so each update's operands stay in cache; the work buffers are allocated
+                # once per step (sliced for the last chunk).
+                chunk = min(_ROW_CHUNK, count)
+                scratch = p.new_empty((chunk, *p.shape[1:]))  # (chunk, D)
+                if rows is not None:
+                    param_buf = p.new_empty((chunk, *p.shape[1:]))  # (chunk, D)
+                    state_bufs = {k: state[k].new_empty((chunk, *state[k].shape[1:])) for k in self._state_keys}
+                for start in range(0, count, _ROW_CHUNK):
+                    end = min(start + _ROW_CHUNK, count)
+                    n = end - start
+                    if rows is None:  # dense: update row slices in place
+                        self._update(group, values[start:end], p[start:end],
+                                     {k: state[k][start:end] for k in self._state_keys}, scratch[:n])
+                        continue
+                    idx = rows[start:end]  # (n,)
+                    param_rows = torch.index_select(p, 0, idx, out=param_buf[:n])  # (n, D)
+                    state_rows = {k: torch.index_select(state[k], 0, idx, out=state_bufs[k][:n])
+                                  for k in self._state_keys}
+                    self._update(group, values[start:end], param_rows, state_rows, scratch[:n])
                     p.index_copy_(0, idx, param_rows)
                     for k in self._state_keys:
                         state[k].index_copy_(0, idx, state_rows[k])
@@ -355,9 +425,10 @@ class RowSparseSGD(_RowSparseOptimizer):
     def _init_state(self, p: Tensor) -> dict[str, Tensor]:
         return {"momentum_buffer": torch.zeros_like(p, memory_format=torch.contiguous_format)}
 
-    def _update(self, group, p, state, rows, grad, param_rows, state_rows) -> None:
+    def _update(self, group, grad, param_rows, state_rows, scratch) -> None:
         # The same operations, in the same order, as torch.optim.SGD's single-tensor path.
-        d = grad.add(param_rows, alpha=group["weight_decay"]) if group["weight_decay"] != 0 else grad
+        d = torch.add(grad, param_rows, alpha=group["weight_decay"], out=scratch) if group["weight_decay"] != 0 \
+            else grad
         buf = state_rows["momentum_buffer"]
         buf.mul_(group["momentum"]).add_(d)
         param_rows.add_(buf, alpha=-group["lr"])
@@ -389,7 +460,7 @@ class RowSparseAdamW(_RowSparseOptimizer):
             "step": torch.zeros(p.shape[0], dtype=torch.float32, device=p.device),
         }
 
-    def _update(self, group, p, state, rows, grad, param_rows, state_rows) -> None:
+    def _update(self, group, grad, param_rows, state_rows, scratch) -> None:
         lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
         beta1, beta2 = group["betas"]
         step = state_rows["step"]
@@ -400,7 +471,7 @@ class RowSparseAdamW(_RowSparseOptimizer):
         exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
         bias1 = 1.0 - torch.pow(beta1, step)  # (rows,)
         bias2_sqrt = (1.0 - torch.pow(beta2, step)).sqrt_()  # (rows,)
-        denom = (exp_avg_sq.sqrt() / bias2_sqrt[:, None].to(exp_avg_sq.dtype)).add_(eps)  # (rows, D)
+        denom = torch.sqrt(exp_avg_sq, out=scratch).div_(bias2_sqrt[:, None].to(exp_avg_sq.dtype)).add_(eps)  # (rows, D)
         param_rows.addcdiv_(exp_avg * (-lr / bias1)[:, None].to(exp_avg.dtype), denom)
 
 
