@@ -185,15 +185,14 @@ class _ShardedCrossEntropy(torch.autograd.Function):
     def forward(ctx, logits: Tensor, target: Tensor) -> Tensor:
         batch, classes = logits.shape
         if classes > 0:
-            row_max = logits.max(dim=1).values  # (B,)
+            row_max = torch.amax(logits, dim=1)  # (B,) amax: max(dim) also computes the arg max, ~2x slower
         else:
             row_max = logits.new_full((batch,), float("-inf"))  # (B,)
         all_reduce(row_max, dist.ReduceOp.MAX)
         rows = torch.nonzero(target != -1).view(-1)  # (P,)
         cols = target[rows]  # (P,)
         stats = logits.new_zeros((2, batch))  # (2, B): Σ exp, target logit
-        # Row blocks of ~1 MiB: the exponentials never need a (B, C) temporary.
-        step = max(1, (1 << 18) // max(classes, 1))
+        step = _row_block(classes)
         for start in range(0, batch, step):
             block = logits[start: start + step] - row_max[start: start + step, None]  # (step, C_r)
             stats[0, start: start + step] = block.exp_().sum(dim=1)
@@ -209,11 +208,20 @@ class _ShardedCrossEntropy(torch.autograd.Function):
         logits, row_max, sum_exp, rows, cols = ctx.saved_tensors
         # The logits are a temporary of the head (the margin's output): overwrite them with the gradient.
         # A second backward through this graph fails autograd's version check instead of reading garbage.
-        grad = logits.sub_(row_max[:, None]).exp_()  # (B, C_r)
+        grad = logits  # (B, C_r)
         scale = grad_loss / grad.shape[0]
-        grad.mul_((scale / sum_exp)[:, None])
+        coef = scale / sum_exp  # (B,)
+        step = _row_block(grad.shape[1])
+        for start in range(0, grad.shape[0], step):  # three operations per block while it is in cache
+            block = grad[start: start + step]  # (step, C_r)
+            block.sub_(row_max[start: start + step, None]).exp_().mul_(coef[start: start + step, None])
         grad.index_put_((rows, cols), -scale.expand(rows.shape[0]), accumulate=True)
         return grad, None
+
+
+def _row_block(classes: int) -> int:
+    """Rows per ~1 MiB block of fp32 logits: the exponentials need no (B, C) temporary and stay in cache."""
+    return max(1, (1 << 18) // max(classes, 1))
 
 
 def sharded_cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
