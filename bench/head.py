@@ -1,0 +1,282 @@
+"""Partial FC head step against its floor: the three matrix products no implementation can avoid.
+
+    python bench/head.py --num-classes 1000000 --sample-rate 0.1 --world-size 2 --batch-size 128 \
+        --embedding-size 512 --threads 1 [--optimizer sgd|adamw] [--device cpu|cuda] [--json PATH]
+
+Spawns ``--world-size`` ranks (gloo on CPU, NCCL on CUDA). Each rank builds the head exactly as
+``train.py`` does (``PartialFC`` + ``build_head_optimizer``) and times one step: forward, backward,
+optimizer update, ``zero_grad(set_to_none=True)``. In the same run it times the FLOOR, the step's three
+matrix products on the sampled rows with the same shapes, dtype and threads, into preallocated outputs:
+``logits = E_global @ W_sᵀ``, ``∂E = G @ W_s``, ``∂W = Gᵀ @ E_global``. ``ratio = step_s / floor_s``.
+
+Peak memory per rank (``measure_peak``) is the growth of the resident set (CPU) or of CUDA's allocated
+bytes (GPU) from just before the head is built to its high-water mark over construction and every
+timed step; it is reported against the fp32 shard ``num_local · D · 4`` bytes. Figures are rank 0's
+medians over ``--repeats`` steps after ``--warmup`` untimed ones, with (min, max).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import queue as queue_module
+import socket
+import sys
+import traceback
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+from bench.common import current_rss_bytes, markdown_table, peak_rss_bytes, time_call, write_json  # noqa: E402
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    """One benchmark case; ``batch_size`` is per rank."""
+
+    num_classes: int
+    sample_rate: float
+    batch_size: int
+    embedding_size: int = 512
+    optimizer: str = "sgd"
+    device: str = "cpu"
+    threads: int = 1
+    repeats: int = 5
+    warmup: int = 1
+    floor: bool = True
+    seed: int = 0
+
+
+class PeakMemory:
+    """High-water mark of this process's memory growth since ``start()``, in bytes.
+
+    CPU: resident set size. Linux's ``VmHWM`` is reset by writing ``5`` to ``/proc/self/clear_refs``;
+    where that is not allowed, the lifetime peak (``ru_maxrss``) is used, which is right as long as
+    nothing before ``start()`` used more memory than the measured code (true in a fresh benchmark
+    process). CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.baseline = 0
+        self.hwm_reset = False
+
+    def start(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.baseline = torch.cuda.memory_allocated(self.device)
+            return
+        self.baseline = current_rss_bytes()
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            self.hwm_reset = True
+        except OSError:
+            self.hwm_reset = False  # peak() falls back to the lifetime peak, see the class docstring
+
+    def peak(self) -> int:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            return torch.cuda.max_memory_allocated(self.device) - self.baseline
+        return (_vm_hwm_bytes() if self.hwm_reset else peak_rss_bytes()) - self.baseline
+
+
+def _vm_hwm_bytes() -> int:
+    """``VmHWM`` (peak resident set since the last reset) from /proc/self/status, in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise ValueError("bench/head.py: /proc/self/status has no VmHWM line")
+
+
+@contextmanager
+def measure_peak(device: torch.device) -> Iterator[PeakMemory]:
+    """``with measure_peak(dev) as m: ...`` then ``m.peak()``: memory growth high-water mark inside the block."""
+    meter = PeakMemory(device)
+    meter.start()
+    yield meter
+
+
+def head_rank(rank: int, world_size: int, cfg: HeadConfig) -> dict[str, Any]:
+    """Time the head step (and its floor) on this rank of an initialised process group; returns figures.
+
+    Keys: ``step`` and ``floor`` (Timing dicts, seconds), ``peak_mem_bytes``, ``shard_bytes``,
+    ``num_local``, ``num_sampled`` (rows in the step's matrix products), ``batch_global``.
+    """
+    from losses import ArcFace
+    from partial_fc import PartialFC, build_head_optimizer
+
+    torch.set_num_threads(cfg.threads)
+    device = torch.device(cfg.device, rank) if cfg.device == "cuda" else torch.device(cfg.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    torch.manual_seed(cfg.seed)  # the same per-step sampling seed on every rank, as in training
+    gen = torch.Generator().manual_seed(cfg.seed * 1009 + rank)
+    D, B = cfg.embedding_size, cfg.batch_size
+    # Stand-ins for the backbone's output: a leaf that receives the embedding gradient, fresh labels per step.
+    embeddings = torch.randn(B, D, generator=gen).to(device).requires_grad_()  # (B, D)
+    label_sets = [torch.randint(0, cfg.num_classes, (B,), generator=gen).to(device) for _ in range(4)]
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
+
+    # One step of a tiny head first: the first optimizer and the first backward load library code
+    # (~200 MB of RSS in torch 2.14, e.g. torch._dynamo via torch.optim) that a trainer has already paid
+    # for its backbone; the figure below is the head's own memory.
+    tiny = PartialFC(ArcFace(), D, 4 * world_size, cfg.sample_rate, seed=cfg.seed).to(device)
+    tiny_opt = build_head_optimizer(tiny, cfg.optimizer, lr=0.1, momentum=0.9, weight_decay=5e-4)
+    tiny(embeddings.float(), label_sets[0] % (4 * world_size)).backward()
+    tiny_opt.step()
+    embeddings.grad = None
+    del tiny, tiny_opt
+
+    with measure_peak(device) as meter:
+        head = PartialFC(ArcFace(), D, cfg.num_classes, cfg.sample_rate, seed=cfg.seed).to(device)
+        opt = build_head_optimizer(head, cfg.optimizer, lr=0.1, momentum=0.9, weight_decay=5e-4)
+        # Disabled, as train.py's for fp32: scale() and step() pass through, as in a real step.
+        scaler = torch.amp.GradScaler(device.type, enabled=False)
+        calls = [0]
+
+        def step() -> None:
+            labels = label_sets[calls[0] % len(label_sets)]
+            calls[0] += 1
+            loss = head(embeddings.float(), labels)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad(set_to_none=True)
+            embeddings.grad = None  # the backbone optimizer's zero_grad(set_to_none=True)
+
+        dist.barrier()
+        step_timing = time_call(step, repeats=cfg.repeats, warmup=cfg.warmup, sync=sync)
+        peak = meter.peak()
+    num_local = head.num_local
+    num_sampled = head.num_sample if cfg.sample_rate < 1.0 else num_local
+    shard_bytes = num_local * D * 4
+    del head, opt
+
+    out: dict[str, Any] = {"step": step_timing.as_dict(), "peak_mem_bytes": peak, "shard_bytes": shard_bytes,
+                           "num_local": num_local, "num_sampled": num_sampled, "batch_global": B * world_size}
+    if cfg.floor:
+        n = B * world_size
+        e = torch.randn(n, D, generator=gen).to(device)  # (B_global, D)
+        w = torch.randn(num_sampled, D, generator=gen).to(device)  # (C_s, D)
+        g = torch.randn(n, num_sampled, generator=gen).to(device)  # (B_global, C_s)
+        logits, d_e, d_w = torch.empty(n, num_sampled, device=device), torch.empty_like(e), torch.empty_like(w)
+
+        def floor() -> None:
+            torch.mm(e, w.t(), out=logits)  # (B_global, C_s)
+            torch.mm(g, w, out=d_e)  # (B_global, D)
+            torch.mm(g.t(), e, out=d_w)  # (C_s, D)
+
+        dist.barrier()  # both ranks compute at once, as in the step
+        out["floor"] = time_call(floor, repeats=cfg.repeats, warmup=cfg.warmup, sync=sync).as_dict()
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, world_size: int, port: int, cfg: HeadConfig, results) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    try:
+        backend = "nccl" if cfg.device == "cuda" else "gloo"
+        dist.init_process_group(backend, rank=rank, world_size=world_size)
+        try:
+            value = head_rank(rank, world_size, cfg)
+        finally:
+            dist.destroy_process_group()
+        results.put((rank, True, value))
+    except BaseException:  # reported to the parent, which raises with it
+        results.put((rank, False, traceback.format_exc()))
+
+
+def run(cfg: HeadConfig, world_size: int, timeout: float = 3600.0) -> list[dict[str, Any]]:
+    """Run ``head_rank`` on ``world_size`` spawned ranks; returns every rank's figures in rank order."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_rank_main, args=(r, world_size, port, cfg, results)) for r in range(world_size)]
+    for p in procs:
+        p.start()
+    by_rank: dict[int, dict[str, Any]] = {}
+    try:
+        for _ in range(world_size):
+            try:
+                rank, ok, value = results.get(timeout=timeout)
+            except queue_module.Empty as exc:
+                raise RuntimeError(f"bench/head.py: no result from some rank within {timeout:.0f}s "
+                                   f"(got ranks {sorted(by_rank)})") from exc
+            if not ok:
+                raise RuntimeError(f"bench/head.py: rank {rank} failed:\n{value}")
+            by_rank[rank] = value
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return [by_rank[r] for r in range(world_size)]
+
+
+def summarise(cfg: HeadConfig, world_size: int, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The JSON payload: rank 0's medians at the top level, spreads and every rank's figures below."""
+    r0 = ranks[0]
+    step_s, floor_s = r0["step"]["median_s"], r0["floor"]["median_s"]
+    return {
+        "config": {**asdict(cfg), "world_size": world_size},
+        "step_s": step_s, "floor_s": floor_s, "ratio": step_s / floor_s,
+        "peak_mem_bytes": r0["peak_mem_bytes"], "shard_bytes": r0["shard_bytes"],
+        "peak_over_shard": r0["peak_mem_bytes"] / r0["shard_bytes"],
+        "step": r0["step"], "floor": r0["floor"], "num_local": r0["num_local"], "num_sampled": r0["num_sampled"],
+        "ranks": ranks,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--num-classes", type=int, required=True)
+    parser.add_argument("--sample-rate", type=float, required=True)
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=128, help="per rank")
+    parser.add_argument("--embedding-size", type=int, default=512)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+    parser.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args(argv)
+    if args.world_size < 1 or args.batch_size < 1 or args.repeats < 1 or args.warmup < 0:
+        parser.error(f"need --world-size, --batch-size, --repeats >= 1 and --warmup >= 0; got "
+                     f"{args.world_size}, {args.batch_size}, {args.repeats}, {args.warmup}")
+    cfg = HeadConfig(num_classes=args.num_classes, sample_rate=args.sample_rate, batch_size=args.batch_size,
+                     embedding_size=args.embedding_size, optimizer=args.optimizer, device=args.device,
+                     threads=args.threads, repeats=args.repeats, warmup=args.warmup)
+    result = summarise(cfg, args.world_size, run(cfg, args.world_size))
+    s, f = result["step"], result["floor"]
+    mib = 1 << 20
+    print(markdown_table(
+        ["classes", "R", "ranks x threads", "B/rank", "D", "opt", "step s (min-max)", "floor s (min-max)",
+         "step/floor", "peak MiB/rank", "shard MiB", "peak/shard"],
+        [[args.num_classes, args.sample_rate, f"{args.world_size} x {args.threads}", args.batch_size,
+          args.embedding_size, args.optimizer,
+          f"{s['median_s']:.4f} ({s['min_s']:.4f}-{s['max_s']:.4f})",
+          f"{f['median_s']:.4f} ({f['min_s']:.4f}-{f['max_s']:.4f})",
+          f"{result['ratio']:.2f}", f"{result['peak_mem_bytes'] / mib:.0f}", f"{result['shard_bytes'] / mib:.0f}",
+          f"{result['peak_over_shard']:.2f}"]]))
+    write_json(args.json, result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
