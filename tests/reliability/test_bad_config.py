@@ -1,0 +1,49 @@
+"""Config and argument mistakes through the real ``train.py`` CLI: a non-zero exit and one line naming the key,
+the value and what is allowed; no traceback. tests/test_config.py tests the rules on ``load_config``."""
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+
+from _launch import ROOT, _env, torchrun_command, train
+
+CASES = {
+    "unknown_key": ("sample_rat=0.5", r"sample_rat.*'sample_rate'"),
+    "wrong_type": ("batch_size=many", r"batch_size.*'many'"),
+    "sample_rate_zero": ("sample_rate=0", r"sample_rate.*0.*\(0, 1\]"),
+    "sample_rate_above_one": ("sample_rate=1.5", r"sample_rate.*1.5.*\(0, 1\]"),
+    "batch_size_zero": ("batch_size=0", r"batch_size.*0.*>= 1"),
+    "missing_dataset": ("rec=/nonexistent/faces", r"rec = '/nonexistent/faces': no such folder"),
+}
+
+
+def error_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_train_cli_rejects_with_one_line(tmp_path, case):
+    setting, message = CASES[case]
+    proc = train("configs/debug_cpu", tmp_path / "out", setting, check=False, timeout=80)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    hits = [line for line in error_lines(out) if re.search(message, line)]
+    assert len(hits) == 1, f"{message!r} in {out!r}"
+    assert len(error_lines(proc.stderr)) <= 1, proc.stderr  # nothing else on stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_more_ranks_than_classes_under_torchrun(tmp_path):
+    cmd = [*torchrun_command(2), "train.py", "configs/debug_cpu", "--set", f"output={tmp_path / 'out'}",
+           "num_classes=1"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=110)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert re.search(r"num_classes = 1 is smaller than world_size = 2.*at most 1 ranks", out), out[-3000:]
+    # torchrun prints its own failure summary; the workers print no traceback of train.py.
+    assert 'train.py", line' not in out, out[-3000:]
