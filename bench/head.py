@@ -17,6 +17,7 @@ medians over ``--repeats`` steps after ``--warmup`` untimed ones, with (min, max
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import queue as queue_module
 import socket
@@ -73,6 +74,7 @@ class PeakMemory:
             torch.cuda.reset_peak_memory_stats(self.device)
             self.baseline = torch.cuda.memory_allocated(self.device)
             return
+        _trim_heap()
         self.baseline = current_rss_bytes()
         try:
             with open("/proc/self/clear_refs", "w") as f:
@@ -86,6 +88,20 @@ class PeakMemory:
             torch.cuda.synchronize(self.device)
             return torch.cuda.max_memory_allocated(self.device) - self.baseline
         return (_vm_hwm_bytes() if self.hwm_reset else peak_rss_bytes()) - self.baseline
+
+
+def _trim_heap() -> None:
+    """Give freed heap memory back to the OS (glibc ``malloc_trim``) so it is not counted as the baseline.
+
+    Without it, memory freed by earlier work in the process but kept by malloc would be reused by the
+    measured code without raising the RSS, hiding part of its peak.
+    """
+    try:
+        libc = ctypes.CDLL(None)
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return  # not glibc: nothing to trim, the baseline is what the allocator holds
+    trim(0)
 
 
 def _vm_hwm_bytes() -> int:

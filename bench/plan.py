@@ -1,0 +1,126 @@
+"""Predicted Partial FC head memory per GPU (or per CPU rank), from the implementation's allocations.
+
+    python bench/plan.py --num-classes 29000000 --gpus 8 --sample-rate 0.1 --embedding-size 512 \
+        --batch-size 128 [--optimizer sgd|adamw] [--dtype fp32|bf16] [--json PATH]
+
+The model follows what ``partial_fc.py`` and ``utils/distributed.py`` allocate in one training step on
+the rank with the largest shard (rank 0), with ``L = num_local``, ``C = sampled rows`` (``L`` at
+``sample_rate = 1``), ``N = batch_size · gpus`` (the gathered batch) and fp32 weights:
+
+* persistent: ``weight (L, D)``; optimizer state (SGD ``momentum_buffer (L, D)``; AdamW ``exp_avg``,
+  ``exp_avg_sq (L, D)`` and ``step (L,)``); the head's workspace keeps between steps the gathered rows
+  ``(C, D)`` (overwritten by their gradient, then the values of the sparse gradient) or, at
+  ``sample_rate = 1``, the dense gradient ``(L, D)``, and the cosines ``(N, C)`` fp32.
+* forward: sampling ``mask (L,)`` bool and ``randperm (L,)`` int64, index ``(C,)`` int64 three times
+  (cat, sort values, sort order); the margin's scaled logits ``(N, C)``.
+* backward: the cross-entropy writes its gradient over the logits; the margin's backward returns a fresh
+  ``(N, C)`` while its input gradient is alive, so three ``(N, C)`` fp32 buffers (cosines, logits,
+  margin gradient) coexist; the gradient rows are written over the gathered rows in fp32.
+  Under bf16 autocast the products add bf16 copies (rows ``(C, D)``, cosines ``(N, C)``) and the weight
+  gradient is a fresh fp32 ``(C, D)`` instead of reusing the rows.
+* optimizer: row chunks of ``_ROW_CHUNK`` rows: SGD 3 ``(chunk, D)`` work buffers, AdamW 5 plus 2 temporaries.
+* communication: the gathered embeddings ``(N, D)`` and their normalised copy, the embedding gradient
+  ``(N, D)`` and the reduce-scatter output ``(B, D)``.
+
+The peak is the largest of the forward, backward and optimizer phases. ``tests/test_bench.py`` checks
+it against ``bench/head.py``'s measured peak (RSS growth) on small CPU runs.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import markdown_table, write_json  # noqa: E402
+from partial_fc import _ROW_CHUNK, class_partition  # noqa: E402
+
+FP32, BF16, INT64 = 4, 2, 8
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Bytes per rank by component, the phase totals and the peak."""
+
+    components: dict[str, int]
+    phases: dict[str, int]
+    peak_bytes: int
+    shard_bytes: int
+    num_local: int
+    num_sampled: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"components": self.components, "phases": self.phases, "peak_bytes": self.peak_bytes,
+                "shard_bytes": self.shard_bytes, "peak_over_shard": self.peak_bytes / self.shard_bytes,
+                "num_local": self.num_local, "num_sampled": self.num_sampled}
+
+
+def predict(num_classes: int, world_size: int, sample_rate: float, embedding_size: int, batch_size: int,
+            optimizer: str = "sgd", dtype: str = "fp32") -> Plan:
+    """Predicted head memory of rank 0 (the largest shard); ``batch_size`` is per rank."""
+    if optimizer not in ("sgd", "adamw") or dtype not in ("fp32", "bf16"):
+        raise ValueError(f"bench/plan.py: optimizer={optimizer!r} dtype={dtype!r}; expected sgd|adamw and fp32|bf16")
+    if not 0.0 < sample_rate <= 1.0:
+        raise ValueError(f"bench/plan.py: sample_rate={sample_rate} must be in (0, 1]")
+    _, L = class_partition(num_classes, world_size, 0)
+    D, B = embedding_size, batch_size
+    N = B * world_size
+    sampled = sample_rate < 1.0
+    # Every class of the global batch is kept, so at least min(N, L) rows.
+    C = max(int(sample_rate * L), min(N, L)) if sampled else L
+    bf16 = dtype == "bf16"
+    weights = L * D * FP32
+    state = L * D * FP32 if optimizer == "sgd" else 2 * L * D * FP32 + L * FP32
+    # Sampled: gathered rows that become their gradient in place; dense: the workspace's (L, D) gradient.
+    rows = C * D * FP32
+    rows_bwd_extra = (C * D * FP32 + 2 * C * D * BF16) if bf16 else 0  # fresh fp32 values + bf16 operands
+    logits_one = N * C * FP32
+    logits_fwd = 2 * logits_one + (N * C * BF16 if bf16 else 0)  # cosines + margin output (+ bf16 product)
+    logits_bwd = 3 * logits_one + (N * C * BF16 if bf16 else 0)  # + margin gradient (+ bf16 scaled)
+    comm = 3 * N * D * FP32 + B * D * FP32
+    sampling = (L * 1 + L * INT64 + 3 * C * INT64) if sampled else 0
+    chunk = min(_ROW_CHUNK, C)
+    opt_work = chunk * D * FP32 * (3 if optimizer == "sgd" else 7)
+    persistent = weights + state + rows + logits_one  # the workspace keeps rows and cosines between steps
+    phases = {
+        "forward": persistent + sampling + (logits_fwd - logits_one) + comm,
+        "backward": persistent + (logits_bwd - logits_one) + rows_bwd_extra + comm,
+        "optimizer": persistent + opt_work + (C * D * FP32 if bf16 and sampled else 0),
+    }
+    components = {
+        "weights": weights, "optimizer_state": state, "sampled_rows_and_grad": rows + rows_bwd_extra,
+        "logits_and_grad": logits_bwd, "communication": comm, "sampling_index": sampling, "optimizer_work": opt_work,
+    }
+    peak = max(phases.values())
+    return Plan(components, phases, peak, L * D * FP32, L, C)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--num-classes", type=int, required=True)
+    parser.add_argument("--gpus", type=int, required=True, help="ranks (world size)")
+    parser.add_argument("--sample-rate", type=float, default=1.0)
+    parser.add_argument("--embedding-size", type=int, default=512)
+    parser.add_argument("--batch-size", type=int, default=128, help="per rank")
+    parser.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="autocast dtype of the products")
+    parser.add_argument("--json", help="write the prediction here")
+    args = parser.parse_args(argv)
+    plan = predict(args.num_classes, args.gpus, args.sample_rate, args.embedding_size, args.batch_size,
+                   args.optimizer, args.dtype)
+    gib = float(1 << 30)
+    rows = [[name, f"{value / gib:.3f}"] for name, value in plan.components.items()]
+    rows += [[f"phase: {name}", f"{value / gib:.3f}"] for name, value in plan.phases.items()]
+    rows += [["**peak**", f"**{plan.peak_bytes / gib:.3f}**"],
+             ["fp32 shard", f"{plan.shard_bytes / gib:.3f} ({plan.num_local} rows, {plan.num_sampled} sampled)"],
+             ["peak / shard", f"{plan.peak_bytes / plan.shard_bytes:.2f}"]]
+    print(markdown_table(["component (rank 0)", "GiB"], rows))
+    write_json(args.json, {"config": vars(args), "plan": plan.as_dict()})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
