@@ -1,0 +1,83 @@
+"""Benchmarks: the memory plan against a measured peak, and head/loader scripts end to end at tiny sizes.
+
+No timing is asserted (the machine is shared); only that the scripts run and report what they promise.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.head import HeadConfig, head_rank
+from bench.plan import predict
+from tests._dist import run_distributed
+
+ROOT = Path(__file__).resolve().parents[1]
+CLASSES, D, B = 200_000, 128, 64
+CASES = [(rate, opt) for rate in (0.1, 1.0) for opt in ("sgd", "adamw")]
+
+
+def _measure(rank: int, world: int, cases: list[tuple[float, str]]) -> list[int]:
+    """Peak memory (bytes) of each case, measured as bench/head.py does, one after the other."""
+    return [head_rank(rank, world, HeadConfig(CLASSES, rate, B, D, opt, repeats=2, warmup=1, floor=False))
+            ["peak_mem_bytes"] for rate, opt in cases]
+
+
+@pytest.mark.timeout(120)
+def test_plan_predicts_measured_peak_within_15_percent():
+    measured = run_distributed(_measure, 1, CASES, timeout=110)[0]
+    for (rate, opt), peak in zip(CASES, measured):
+        plan = predict(CLASSES, 1, rate, D, B, opt)
+        assert abs(peak - plan.peak_bytes) <= 0.15 * plan.peak_bytes, (
+            f"sample_rate={rate} {opt}: measured {peak / 2**20:.1f} MiB, predicted {plan.peak_bytes / 2**20:.1f} MiB "
+            f"({plan.phases})")
+
+
+def test_plan_components_follow_the_shapes():
+    sgd, adamw = predict(1000, 2, 0.1, 8, 4, "sgd"), predict(1000, 2, 0.1, 8, 4, "adamw")
+    assert sgd.num_local == 500 and sgd.num_sampled == 50 and sgd.shard_bytes == 500 * 8 * 4
+    assert sgd.components["weights"] == sgd.components["optimizer_state"] == 500 * 8 * 4
+    assert adamw.components["optimizer_state"] == 2 * 500 * 8 * 4 + 500 * 4
+    assert sgd.components["logits_and_grad"] == 3 * 8 * 50 * 4  # cosines, logits, margin gradient
+    assert predict(1000, 2, 1.0, 8, 4).components["sampling_index"] == 0
+    with pytest.raises(ValueError, match="optimizer='lamb'"):
+        predict(1000, 2, 0.1, 8, 4, "lamb")
+
+
+def _run_script(args: list[str], out: Path, timeout: float) -> dict:
+    proc = subprocess.run([sys.executable, *args, "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "|" in proc.stdout  # the markdown table
+    return json.loads(out.read_text())
+
+
+@pytest.mark.timeout(90)
+def test_head_bench_end_to_end(tmp_path):
+    result = _run_script(["bench/head.py", "--num-classes", "2000", "--sample-rate", "0.5", "--world-size", "2",
+                          "--batch-size", "8", "--embedding-size", "16", "--repeats", "2", "--warmup", "1"],
+                         tmp_path / "head.json", timeout=80)
+    for key in ("step_s", "floor_s", "ratio", "peak_mem_bytes", "shard_bytes", "step", "floor"):
+        assert key in result, sorted(result)
+    assert result["ratio"] > 0 and result["shard_bytes"] == 1000 * 16 * 4
+    assert result["step"]["min_s"] <= result["step_s"] <= result["step"]["max_s"]
+    assert len(result["ranks"]) == 2
+
+
+@pytest.mark.timeout(90)
+def test_loader_bench_end_to_end(tmp_path):
+    result = _run_script(["bench/loader.py", "--workers", "1", "--batch-size", "8", "--images", "32"],
+                         tmp_path / "loader.json", timeout=80)
+    for key in ("ours_images_per_s", "ours_images_per_s_per_core", "baseline_images_per_s", "speedup"):
+        assert result[key] > 0, (key, result)
+    assert result["rec"] == "generated" and result["dataset_images"] == 32
+
+
+def test_plan_cli_json(tmp_path):
+    result = _run_script(["bench/plan.py", "--num-classes", "29000000", "--gpus", "8", "--sample-rate", "0.1",
+                          "--embedding-size", "512", "--batch-size", "128"], tmp_path / "plan.json", timeout=60)
+    plan = result["plan"]
+    assert plan["num_local"] == 3_625_000 and plan["peak_bytes"] == max(plan["phases"].values())
