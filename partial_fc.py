@@ -174,10 +174,18 @@ class _NormalizedLinear(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         e_hat, rows, index, inv_e, inv_w, e_ok, w_ok, cos = ctx.saved_tensors
         cd = ctx.compute_dtype
-        prod = cos.mul_(grad)  # (B, C) g⊙cos, in the forward's buffer
-        dot_w = prod.sum(dim=0).mul_(w_ok)  # (C,) ŵ·∂L/∂ŵ
-        dot_e = prod.sum(dim=1).mul_(e_ok)  # (B,) ê·∂L/∂ê
-        scaled = torch.mul(grad, inv_w[None, :], out=prod)  # (B, C) G
+        # Row blocks of ~1 MiB: the four passes over (B, C) run on a block while it is in cache.
+        dot_w = torch.zeros_like(inv_w)  # (C,)
+        dot_e = torch.empty_like(inv_e)  # (B,)
+        step = max(1, (1 << 18) // max(cos.shape[1], 1))
+        for start in range(0, cos.shape[0], step):
+            block = cos[start: start + step].mul_(grad[start: start + step])  # (step, C) g⊙cos, in place
+            dot_w.add_(block.sum(dim=0))
+            torch.sum(block, dim=1, out=dot_e[start: start + step])
+            torch.mul(grad[start: start + step], inv_w[None, :], out=block)  # (step, C) G
+        dot_w.mul_(w_ok)  # (C,) ŵ·∂L/∂ŵ
+        dot_e.mul_(e_ok)  # (B,) ê·∂L/∂ê
+        scaled = cos  # (B, C) G, in the forward's buffer
         grad_emb = grad_weight = None
         fp32 = cd == torch.float32 and rows.dtype == torch.float32
         if ctx.needs_input_grad[0]:
