@@ -8,9 +8,9 @@ Launch forms (CONFIG is ``configs/NAME`` or the path to any ``.py`` config file)
     # one node, 8 GPUs
     torchrun --nproc_per_node=8 train.py configs/ms1mv3_r50
 
-    # several nodes: run on every node, with its own --node_rank (0 on the master)
-    torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 \
-        --master_addr=10.0.0.1 --master_port=29500 train.py configs/glint360k_r100
+    # several nodes: run on every node (scripts/dist.sh prints the lines); c10d rendezvous on the master
+    torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --rdzv-backend=c10d \
+        --rdzv-endpoint=10.0.0.1:29500 --rdzv-id=job1 --max-restarts=3 train.py configs/glint360k_r100
 
 Options: ``--set KEY=VALUE [KEY=VALUE ...]`` (repeatable) overrides config keys, parsed to the key's type;
 ``--resume`` continues from the newest complete checkpoint in ``output`` (this also happens by itself
@@ -447,7 +447,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         job.output / "checkpoints")
         if latest is not None:
             state = resume(job, latest)
-        train(job, state)
+        try:
+            train(job, state)
+        except NonFiniteLossError as exc:
+            logger.error("%s", exc)
+            return 3
         if job.writer is not None:
             job.writer.close()
     finally:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from _dist import free_port, run_distributed
-from _launch import ROOT, _env, load_model, logged_losses, max_difference, torchrun_command, train
+from _launch import ROOT, _env, load_model, logged_losses, max_difference, train
 
 CONFIG = "configs/debug_cpu"
 # 16 optimizer steps on 2 ranks (one epoch of 256 images at 8 per rank), checkpoints every 4, all kept.
@@ -119,12 +119,15 @@ def test_training_continues_on_three_ranks_from_a_two_rank_checkpoint(two_rank_r
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_two_node_launch_trains_like_one_node(two_rank_run, tmp_path):
-    """Two torchrun processes (--nnodes=2, node_rank 0 and 1, rendezvous on 127.0.0.1), one rank each."""
+    """Two torchrun processes (--nnodes=2, one rank each, c10d rendezvous on 127.0.0.1) started through
+    scripts/dist.sh --run, as a user starts one per node."""
     output = tmp_path / "two_nodes"
     port = free_port()
-    args = ["train.py", CONFIG, "--set", f"output={output}", *RUN]
-    nodes = [subprocess.Popen([*torchrun_command(1, port=port, nnodes=2, node_rank=r), *args], cwd=ROOT,
-                              env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    nodes = [subprocess.Popen(["bash", "scripts/dist.sh", "--nnodes", "2", "--nproc", "1", "--master-addr",
+                               "127.0.0.1", "--master-port", str(port), "--node-rank", str(r), "--run", CONFIG,
+                               "--set", f"output={output}", *RUN],
+                              cwd=ROOT, env={**_env(), "PYTHON": sys.executable}, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
              for r in (0, 1)]
     outs = []
     try:
