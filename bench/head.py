@@ -7,7 +7,9 @@ Spawns ``--world-size`` ranks (gloo on CPU, NCCL on CUDA). Each rank builds the 
 ``train.py`` does (``PartialFC`` + ``build_head_optimizer``) and times one step: forward, backward,
 optimizer update, ``zero_grad(set_to_none=True)``. In the same run it times the FLOOR, the step's three
 matrix products on the sampled rows with the same shapes, dtype and threads, into preallocated outputs:
-``logits = E_global @ W_sᵀ``, ``∂E = G @ W_s``, ``∂W = Gᵀ @ E_global``. ``ratio = step_s / floor_s``.
+``logits = E_global @ W_sᵀ``, ``∂E = G @ W_s``, ``∂W = Gᵀ @ E_global``. Steps and floors alternate
+(one of each per repeat) so that load from other processes hits both alike; ``ratio = step_s / floor_s``
+(medians), and ``pair_ratios`` lists each repeat's own ratio.
 
 Peak memory per rank (``measure_peak``) is the growth of the resident set (CPU) or of CUDA's allocated
 bytes (GPU) from just before the head is built to its high-water mark over construction and every
@@ -21,6 +23,7 @@ import ctypes
 import os
 import queue as queue_module
 import socket
+import statistics
 import sys
 import traceback
 from contextlib import contextmanager
@@ -34,7 +37,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from bench.common import current_rss_bytes, markdown_table, peak_rss_bytes, time_call, write_json  # noqa: E402
+from bench.common import Timing, current_rss_bytes, markdown_table, peak_rss_bytes, time_call, write_json  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -128,7 +131,7 @@ def head_rank(rank: int, world_size: int, cfg: HeadConfig) -> dict[str, Any]:
     ``num_local``, ``num_sampled`` (rows in the step's matrix products), ``batch_global``.
     """
     from losses import ArcFace
-    from partial_fc import PartialFC, build_head_optimizer
+    from partial_fc import PartialFC, build_head_optimizer, class_partition
 
     torch.set_num_threads(cfg.threads)
     device = torch.device(cfg.device, rank) if cfg.device == "cuda" else torch.device(cfg.device)
@@ -152,6 +155,21 @@ def head_rank(rank: int, world_size: int, cfg: HeadConfig) -> dict[str, Any]:
     embeddings.grad = None
     del tiny, tiny_opt
 
+    # The floor's operands are allocated before the peak measurement starts, so they count as baseline.
+    _, num_local = class_partition(cfg.num_classes, world_size, rank)
+    num_sampled = int(cfg.sample_rate * num_local) if cfg.sample_rate < 1.0 else num_local
+    n = B * world_size
+    if cfg.floor:
+        e = torch.randn(n, D, generator=gen).to(device)  # (B_global, D)
+        w = torch.randn(num_sampled, D, generator=gen).to(device)  # (C_s, D)
+        g = torch.randn(n, num_sampled, generator=gen).to(device)  # (B_global, C_s)
+        logits, d_e, d_w = torch.empty(n, num_sampled, device=device), torch.empty_like(e), torch.empty_like(w)
+
+    def floor() -> None:
+        torch.mm(e, w.t(), out=logits)  # (B_global, C_s)
+        torch.mm(g, w, out=d_e)  # (B_global, D)
+        torch.mm(g.t(), e, out=d_w)  # (C_s, D)
+
     with measure_peak(device) as meter:
         head = PartialFC(ArcFace(), D, cfg.num_classes, cfg.sample_rate, seed=cfg.seed).to(device)
         opt = build_head_optimizer(head, cfg.optimizer, lr=0.1, momentum=0.9, weight_decay=5e-4)
@@ -169,31 +187,27 @@ def head_rank(rank: int, world_size: int, cfg: HeadConfig) -> dict[str, Any]:
             opt.zero_grad(set_to_none=True)
             embeddings.grad = None  # the backbone optimizer's zero_grad(set_to_none=True)
 
+        # Step and floor alternate, so load from other processes on a shared machine hits both alike.
         dist.barrier()
-        step_timing = time_call(step, repeats=cfg.repeats, warmup=cfg.warmup, sync=sync)
+        steps, floors = [], []
+        for k in range(cfg.warmup + cfg.repeats):
+            s = time_call(step, repeats=1, warmup=0, sync=sync).median
+            f = time_call(floor, repeats=1, warmup=0, sync=sync).median if cfg.floor else 0.0
+            if k >= cfg.warmup:
+                steps.append(s)
+                floors.append(f)
         peak = meter.peak()
-    num_local = head.num_local
-    num_sampled = head.num_sample if cfg.sample_rate < 1.0 else num_local
-    shard_bytes = num_local * D * 4
-    del head, opt
-
-    out: dict[str, Any] = {"step": step_timing.as_dict(), "peak_mem_bytes": peak, "shard_bytes": shard_bytes,
-                           "num_local": num_local, "num_sampled": num_sampled, "batch_global": B * world_size}
+    assert (head.num_local, head.num_sample if cfg.sample_rate < 1.0 else head.num_local) == (num_local, num_sampled)
+    out: dict[str, Any] = {"step": _timing(steps), "peak_mem_bytes": peak, "shard_bytes": num_local * D * 4,
+                           "num_local": num_local, "num_sampled": num_sampled, "batch_global": n}
     if cfg.floor:
-        n = B * world_size
-        e = torch.randn(n, D, generator=gen).to(device)  # (B_global, D)
-        w = torch.randn(num_sampled, D, generator=gen).to(device)  # (C_s, D)
-        g = torch.randn(n, num_sampled, generator=gen).to(device)  # (B_global, C_s)
-        logits, d_e, d_w = torch.empty(n, num_sampled, device=device), torch.empty_like(e), torch.empty_like(w)
-
-        def floor() -> None:
-            torch.mm(e, w.t(), out=logits)  # (B_global, C_s)
-            torch.mm(g, w, out=d_e)  # (B_global, D)
-            torch.mm(g.t(), e, out=d_w)  # (C_s, D)
-
-        dist.barrier()  # both ranks compute at once, as in the step
-        out["floor"] = time_call(floor, repeats=cfg.repeats, warmup=cfg.warmup, sync=sync).as_dict()
+        out["floor"] = _timing(floors)
+        out["pair_ratios"] = [a / b for a, b in zip(steps, floors)]
     return out
+
+
+def _timing(samples: list[float]) -> dict[str, float]:
+    return Timing(statistics.median(samples), min(samples), max(samples), len(samples)).as_dict()
 
 
 def _free_port() -> int:
