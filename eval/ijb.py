@@ -34,7 +34,7 @@ from torchvision.io import ImageReadMode, decode_image
 from tqdm import tqdm
 
 from eval.verification import _device_of
-from eval.verify import build_backbone, model_arg, write_roc_curves  # shared model loading and plotting
+from eval.verify import add_model_arguments, build_backbone, check_model_arguments, write_roc_curves  # shared model loading and plotting
 
 # Where the ArcFace alignment puts the eyes, nose tip and mouth corners in a 112×112 crop (x, y), as
 # published with insightface's aligned training sets.
@@ -251,24 +251,15 @@ def evaluate_ijb(data_dir: str | os.PathLike, target: str, backbone: nn.Module, 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m eval.ijb", description=__doc__.split("\n\n")[0])
-    p.add_argument("--network", help="backbone name (backbones.list_models()); not used with --onnx")
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--weights", type=Path, help="state_dict file (official insightface layout)")
-    source.add_argument("--onnx", type=Path, help="exported ONNX model, run with onnxruntime")
-    source.add_argument("--random-init", type=int, metavar="SEED", help="evaluate an untrained network seeded SEED")
+    add_model_arguments(p)
     p.add_argument("--data-dir", type=Path, required=True, help="IJB folder with loose_crop/ and meta/")
     p.add_argument("--target", default="IJBC", help="IJBB or IJBC (prefix of the meta files)")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--num-workers", type=int, default=4, help="processes reading and aligning images")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--embedding-size", type=int, default=512)
-    p.add_argument("--model-arg", type=model_arg, action="append", default=[], metavar="KEY=VALUE",
-                   help="extra keyword for backbones.get_model (repeatable)")
     p.add_argument("--roc", type=Path, help="write the ROC plot (PNG, log FAR axis)")
     p.add_argument("--json", type=Path, help="write {target: {tar: {far: tar}, auc, pairs, ...}} as JSON")
     args = p.parse_args(argv)
-    if args.onnx is None and not args.network:
-        p.error("--network is required with --weights or --random-init")
+    check_model_arguments(p, args)
     try:
         backbone = build_backbone(args)
         result = evaluate_ijb(args.data_dir, args.target, backbone, args.batch_size, args.num_workers)

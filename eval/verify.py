@@ -118,29 +118,39 @@ def write_roc_curves(path: Path, curves: dict[str, tuple[np.ndarray, np.ndarray]
     plt.close(fig)
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m eval.verify", description=__doc__.split("\n\n")[0])
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """The options that say which model to evaluate (shared by eval.verify and eval.ijb)."""
     p.add_argument("--network", help="backbone name (backbones.list_models()); not used with --onnx")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--weights", type=Path, help="state_dict file (official insightface layout)")
     source.add_argument("--onnx", type=Path, help="exported ONNX model, run with onnxruntime")
     source.add_argument("--random-init", type=int, metavar="SEED", help="evaluate an untrained network seeded SEED")
-    p.add_argument("--data-dir", type=Path, required=True, help="folder holding <target>.bin")
-    p.add_argument("--targets", default="lfw,cfp_fp,agedb_30", help="comma-separated .bin names")
-    p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--embedding-size", type=int, default=512)
     p.add_argument("--model-arg", type=model_arg, action="append", default=[], metavar="KEY=VALUE",
                    help="extra keyword for backbones.get_model, e.g. widths=[16,32,64,128] (repeatable)")
-    p.add_argument("--roc", type=Path, help="write a ROC plot (PNG) of all targets")
-    p.add_argument("--json", type=Path, help="write {target: {pairs, acc, ...}} as JSON")
-    args = p.parse_args(argv)
+
+
+def check_model_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Reject combinations of the model options that cannot work (exits through ``p.error``)."""
     if args.onnx is None and not args.network:
         p.error("--network is required with --weights or --random-init")
     if args.onnx is not None and (args.network or args.model_arg):
         p.error("--onnx evaluates the exported model as it is; --network/--model-arg do not apply")
     if args.batch_size < 1:
         p.error(f"--batch-size must be >= 1, got {args.batch_size}")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m eval.verify", description=__doc__.split("\n\n")[0])
+    add_model_arguments(p)
+    p.add_argument("--data-dir", type=Path, required=True, help="folder holding <target>.bin")
+    p.add_argument("--targets", default="lfw,cfp_fp,agedb_30", help="comma-separated .bin names")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--roc", type=Path, help="write a ROC plot (PNG) of all targets")
+    p.add_argument("--json", type=Path, help="write {target: {pairs, acc, ...}} as JSON")
+    args = p.parse_args(argv)
+    check_model_arguments(p, args)
     args.targets = [t for t in args.targets.split(",") if t]
     if not args.targets:
         p.error("--targets is empty")

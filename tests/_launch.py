@@ -6,6 +6,7 @@ so a hung rendezvous or collective fails the test instead of hanging the suite.
 from __future__ import annotations
 
 import os
+import shutil
 import re
 import subprocess
 import sys
@@ -62,3 +63,38 @@ def load_model(output: Path) -> dict[str, torch.Tensor]:
 def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys(), f"different keys: {sorted(set(a) ^ set(b))}"
     return max(float((a[k].double() - b[k].double()).abs().max()) if a[k].numel() else 0.0 for k in a)
+
+
+def copy_checkpoints_until(src: Path, dst: Path, step: int) -> Path:
+    """``dst`` holding ``src``'s checkpoints up to ``step``: a run that stopped right after that step."""
+    shutil.copytree(src / "checkpoints", dst / "checkpoints",
+                    ignore=lambda _, names: [n for n in names if n.startswith("step_") and int(n[5:14]) > step])
+    return dst
+
+
+def saved_head(ckpt: Path) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Weight (C, D) and optimizer state (C, ...) of a checkpoint, its shards joined in class order."""
+    from utils.checkpoint import load_file
+
+    shards = sorted((load_file(p) for p in ckpt.glob("head_rank*.pt")), key=lambda s: s["class_start"])
+    return (torch.cat([s["weight"] for s in shards]),
+            {k: torch.cat([s["state"][k] for s in shards]) for k in shards[0]["state"]})
+
+
+def gathered_head_after_resume(rank: int, world_size: int, config: str, sets: tuple[str, ...], ckpt: str,
+                               output: str):
+    """On each of ``world_size`` ranks (``tests/_dist.run_distributed``): build the trainer, resume from
+    ``ckpt``, and return ``(step, weight (C, D), optimizer state (C, ...))`` gathered on rank 0."""
+    import logging
+
+    import train as trainer
+    from utils.config import load_config
+    from utils.distributed import all_gather
+
+    cfg = load_config(config, [*sets, f"output={output}"])
+    job = trainer.build(cfg, rank, world_size, torch.device("cpu"), logging.getLogger("test"))
+    state = trainer.resume(job, Path(ckpt))
+    weight = torch.cat(all_gather(job.head.weight.detach()))  # (C, D)
+    head_state = job.opt_head.state[job.head.weight]
+    gathered = {k: torch.cat(all_gather(v)) for k, v in sorted(head_state.items())}
+    return (state.step, weight, gathered) if rank == 0 else None

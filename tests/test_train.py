@@ -2,7 +2,6 @@
 two-node launch, gradient accumulation, and ONNX export of what it trained."""
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +10,8 @@ import pytest
 import torch
 
 from _dist import free_port, run_distributed
-from _launch import ROOT, _env, load_model, logged_losses, max_difference, train
+from _launch import (ROOT, _env, copy_checkpoints_until, gathered_head_after_resume, load_model, logged_losses,
+                     max_difference, saved_head, train)
 
 CONFIG = "configs/debug_cpu"
 # 16 optimizer steps on 2 ranks (one epoch of 256 images at 8 per rank), checkpoints every 4, all kept.
@@ -24,15 +24,6 @@ def two_rank_run(tmp_path_factory) -> Path:
     output = tmp_path_factory.mktemp("train") / "run"
     train(CONFIG, output, *RUN, nproc=2)
     return output
-
-
-def copy_until(src: Path, dst: Path, step: int) -> Path:
-    """A copy of a run's output holding only its checkpoints up to ``step`` (as if it had died there)."""
-    shutil.copytree(src / "checkpoints", dst / "checkpoints")
-    for ckpt in (dst / "checkpoints").iterdir():
-        if int(ckpt.name.split("_")[1]) > step:
-            shutil.rmtree(ckpt)
-    return dst
 
 
 @pytest.mark.slow
@@ -59,7 +50,7 @@ def test_torchrun_two_ranks_trains_and_writes_everything(two_rank_run):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_resume_continues_with_the_same_losses_and_weights(two_rank_run, tmp_path):
-    output = copy_until(two_rank_run, tmp_path / "resumed", step=8)
+    output = copy_checkpoints_until(two_rank_run, tmp_path / "resumed", step=8)
     proc = train(CONFIG, output, *RUN, "resume=true", nproc=2)
     assert "resumed from" in proc.stdout
     want, got = logged_losses(two_rank_run), logged_losses(output)
@@ -68,36 +59,13 @@ def test_resume_continues_with_the_same_losses_and_weights(two_rank_run, tmp_pat
     assert max_difference(load_model(two_rank_run), load_model(output)) <= 1e-6
 
 
-def _gathered_head_after_resume(rank: int, world_size: int, ckpt: str, output: str):
-    """Build the trainer on this world size, resume from ``ckpt``, return the gathered head on rank 0."""
-    import logging
-
-    import train as trainer
-    from utils.config import load_config
-    from utils.distributed import all_gather
-
-    cfg = load_config(CONFIG, [*RUN, f"output={output}"])
-    job = trainer.build(cfg, rank, world_size, torch.device("cpu"), logging.getLogger("test"))
-    state = trainer.resume(job, Path(ckpt))
-    weight = torch.cat(all_gather(job.head.weight.detach()))
-    head_state = job.opt_head.state[job.head.weight]
-    gathered = {k: torch.cat(all_gather(v)) for k, v in sorted(head_state.items())}
-    return (state.step, weight, gathered) if rank == 0 else None
-
-
-def saved_head(ckpt: Path) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    shards = sorted((torch.load(p, weights_only=True) for p in ckpt.glob("head_rank*.pt")),
-                    key=lambda s: s["class_start"])
-    return (torch.cat([s["weight"] for s in shards]),
-            {k: torch.cat([s["state"][k] for s in shards]) for k in shards[0]["state"]})
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("world_size", [1, 3])
 def test_resume_on_another_world_size_gives_the_same_head(two_rank_run, tmp_path, world_size):
     ckpt = two_rank_run / "checkpoints" / f"step_{8:09d}"
-    step, weight, state = run_distributed(_gathered_head_after_resume, world_size, str(ckpt), str(tmp_path))[0]
+    step, weight, state = run_distributed(gathered_head_after_resume, world_size, CONFIG, RUN, str(ckpt),
+                                              str(tmp_path))[0]
     want_weight, want_state = saved_head(ckpt)
     assert step == 8
     assert torch.equal(weight, want_weight)
@@ -107,7 +75,7 @@ def test_resume_on_another_world_size_gives_the_same_head(two_rank_run, tmp_path
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_training_continues_on_three_ranks_from_a_two_rank_checkpoint(two_rank_run, tmp_path):
-    output = copy_until(two_rank_run, tmp_path / "three", step=8)
+    output = copy_checkpoints_until(two_rank_run, tmp_path / "three", step=8)
     proc = train(CONFIG, output, *RUN, nproc=3)
     assert "world size changed 2 -> 3" in proc.stdout
     losses = logged_losses(output)

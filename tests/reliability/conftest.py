@@ -5,7 +5,6 @@ reference that the kill, crash and world-size tests compare against or resume fr
 """
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -24,10 +23,3 @@ def reference_run(tmp_path_factory) -> Path:
     output = tmp_path_factory.mktemp("reference") / "run"
     train(CONFIG, output, *REFERENCE, nproc=2)
     return output
-
-
-def copy_checkpoints_until(src: Path, dst: Path, step: int) -> Path:
-    """``dst`` holding ``src``'s checkpoints up to ``step``: a run that stopped right after that step."""
-    shutil.copytree(src / "checkpoints", dst / "checkpoints",
-                    ignore=lambda _, names: [n for n in names if n.startswith("step_") and int(n[5:14]) > step])
-    return dst

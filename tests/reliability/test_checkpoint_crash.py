@@ -3,7 +3,6 @@ the newest complete one, the next run removes the partial directory and resumes 
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
 import pytest
 

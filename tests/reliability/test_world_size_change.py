@@ -7,16 +7,15 @@ checkpoints are resumed on 2 ranks.
 """
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import pytest
 import torch
 
 from _dist import run_distributed
-from _launch import logged_losses, train
-from conftest import CONFIG, REFERENCE, copy_checkpoints_until
-from utils.checkpoint import find_latest, load_file, step_dir
+from _launch import copy_checkpoints_until, gathered_head_after_resume, logged_losses, saved_head, train
+from conftest import CONFIG, REFERENCE
+from utils.checkpoint import find_latest, step_dir
 
 
 @pytest.fixture(scope="module")
@@ -26,27 +25,6 @@ def three_rank_run(reference_run, tmp_path_factory) -> Path:
     proc = train(CONFIG, output, *REFERENCE, nproc=3)
     assert "world size changed 2 -> 3" in proc.stdout, proc.stdout[-3000:]
     return output
-
-
-def saved_head(ckpt: Path) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Weight (C, D) and optimizer state (C, ...) of a checkpoint, its shards joined in class order."""
-    shards = sorted((load_file(p) for p in ckpt.glob("head_rank*.pt")), key=lambda s: s["class_start"])
-    return (torch.cat([s["weight"] for s in shards]),
-            {k: torch.cat([s["state"][k] for s in shards]) for k in shards[0]["state"]})
-
-
-def _gathered_head(rank: int, world_size: int, ckpt: str, output: str):
-    import train as trainer
-    from utils.config import load_config
-    from utils.distributed import all_gather
-
-    cfg = load_config(CONFIG, [*REFERENCE, f"output={output}"])
-    job = trainer.build(cfg, rank, world_size, torch.device("cpu"), logging.getLogger("test"))
-    state = trainer.resume(job, Path(ckpt))
-    weight = torch.cat(all_gather(job.head.weight.detach()))  # (C, D)
-    head_state = job.opt_head.state[job.head.weight]
-    gathered = {k: torch.cat(all_gather(v)) for k, v in sorted(head_state.items())}
-    return (state.step, weight, gathered) if rank == 0 else None
 
 
 @pytest.mark.slow
@@ -64,7 +42,8 @@ def test_two_to_three_continues_from_late_in_an_epoch(three_rank_run):
 @pytest.mark.timeout(180)
 def test_three_to_two_gives_the_saved_head(three_rank_run, tmp_path):
     ckpt = step_dir(three_rank_run, 30)
-    step, weight, state = run_distributed(_gathered_head, 2, str(ckpt), str(tmp_path), timeout=150)[0]
+    step, weight, state = run_distributed(gathered_head_after_resume, 2, CONFIG, REFERENCE, str(ckpt), str(tmp_path),
+                                              timeout=150)[0]
     want_weight, want_state = saved_head(ckpt)
     assert step == 30
     assert torch.equal(weight, want_weight)
