@@ -101,31 +101,31 @@ class IdentityParams:
 class NuisanceConfig:
     """Upper bounds of the per-image nuisances (each is drawn uniformly up to its bound)."""
 
-    rotation_deg: float = 12.0
-    scale: float = 0.08           # relative, +-
-    shift_px: float = 5.0
-    yaw: float = 0.06             # sideways slide of the inner features, canonical units
-    smile: float = 1.0
-    mouth_open: float = 0.6
-    brow_raise: float = 0.04
-    eye_close: float = 0.5        # fraction of the eye height that may be closed
-    illumination: float = 0.45    # strength of the multiplicative gradient
-    brightness: float = 0.15
-    contrast: float = 0.2
-    colour_jitter: float = 0.08   # per-channel gain, +-
-    blur_sigma: float = 1.0
-    noise_sigma: float = 6.0      # in 0..255 units
-    occlusion_p: float = 0.25
-    occlusion_size: float = 0.45  # max side of the occluder, canonical units
+    rotation_deg: float = 8.0
+    scale: float = 0.06           # relative, +-
+    shift_px: float = 4.0
+    yaw: float = 0.04             # sideways slide of the inner features, canonical units
+    smile: float = 0.8
+    mouth_open: float = 0.5
+    brow_raise: float = 0.03
+    eye_close: float = 0.4        # fraction of the eye height that may be closed
+    illumination: float = 0.3     # strength of the multiplicative gradient
+    brightness: float = 0.1
+    contrast: float = 0.15
+    colour_jitter: float = 0.05   # per-channel gain, +-
+    blur_sigma: float = 0.8
+    noise_sigma: float = 5.0      # in 0..255 units
+    occlusion_p: float = 0.15
+    occlusion_size: float = 0.4   # max side of the occluder, canonical units
     jpeg_quality: tuple[int, int] = (70, 95)
 
 
 NUISANCE: dict[str, NuisanceConfig] = {
     "train": NuisanceConfig(),
     "easy": NuisanceConfig(),
-    "hard": NuisanceConfig(rotation_deg=18.0, scale=0.12, shift_px=7.0, yaw=0.09, illumination=0.6,
-                           brightness=0.2, contrast=0.3, colour_jitter=0.12, blur_sigma=1.5,
-                           noise_sigma=10.0, occlusion_p=0.45, occlusion_size=0.6,
+    "hard": NuisanceConfig(rotation_deg=12.0, scale=0.09, shift_px=6.0, yaw=0.06, illumination=0.45,
+                           brightness=0.15, contrast=0.25, colour_jitter=0.08, blur_sigma=1.2,
+                           noise_sigma=8.0, occlusion_p=0.3, occlusion_size=0.5,
                            jpeg_quality=(50, 90)),
 }
 
@@ -148,12 +148,12 @@ def _draw_identity(rng: np.random.Generator) -> IdentityParams:
     lip = tuple(float(x) for x in np.clip(np.array(skin) * u(0.55, 0.8) + np.array([0.2, 0.0, 0.02]), 0, 1))
     return IdentityParams(
         skin=skin, face_w=u(0.60, 0.80), face_h=u(0.84, 1.04), jaw_taper=u(0.0, 0.45), ear_size=u(0.09, 0.17),
-        eye_dx=u(0.25, 0.38), eye_y=u(-0.17, -0.04), eye_w=u(0.08, 0.14), eye_h=u(0.035, 0.065),
+        eye_dx=u(0.25, 0.38), eye_y=u(-0.17, -0.04), eye_w=u(0.07, 0.16), eye_h=u(0.03, 0.075),
         eye_tilt=u(-0.2, 0.2), iris=_pick(rng, _IRIS, 0.05),
-        brow_dy=u(0.10, 0.18), brow_len=u(0.08, 0.14), brow_thick=u(0.012, 0.04), brow_angle=u(-0.3, 0.3),
+        brow_dy=u(0.10, 0.18), brow_len=u(0.08, 0.14), brow_thick=u(0.01, 0.05), brow_angle=u(-0.3, 0.3),
         brow_curve=u(-1.0, 3.0),
-        nose_len=u(0.20, 0.36), nose_w=u(0.05, 0.12),
-        mouth_y=u(0.44, 0.62), mouth_w=u(0.12, 0.26), lip_thick=u(0.012, 0.035), lip=lip,
+        nose_len=u(0.18, 0.38), nose_w=u(0.04, 0.15),
+        mouth_y=u(0.44, 0.62), mouth_w=u(0.10, 0.28), lip_thick=u(0.01, 0.045), lip=lip,
         hair_style=hair_style, hair=_pick(rng, _HAIR, 0.04), hairline=u(-0.70, -0.40),
         hair_volume=u(0.04, 0.18), hair_slope=u(-0.5, 0.5),
         glasses=bool(rng.random() < 0.25), frame=_pick(rng, _FRAME, 0.05), lens_r=u(0.10, 0.16),
@@ -175,15 +175,15 @@ _SIBLING_GROUPS: tuple[tuple[str, ...], ...] = (
     ("eye_dx", "eye_y", "eye_w", "eye_h", "eye_tilt", "iris"),
     ("brow_dy", "brow_len", "brow_thick", "brow_angle", "brow_curve"),
     ("nose_len", "nose_w", "mouth_y", "mouth_w", "lip_thick", "lip"),
-    ("hair_style", "hairline", "hair_volume", "hair_slope"),
+    ("hair_style", "hair", "hairline", "hair_volume", "hair_slope"),
     ("glasses", "frame", "lens_r", "beard", "moustache", "moles"),
 )
 
 
-def sibling_params(seed: int, family: int, member: int, groups: int = 3) -> IdentityParams:
-    """A look-alike: family ``family``'s base identity with ``groups`` feature groups re-drawn.
+def sibling_params(seed: int, family: int, member: int, groups: int = 4) -> IdentityParams:
+    """A look-alike: family ``family``'s base identity with ``groups`` of the 6 feature groups re-drawn.
 
-    Members of one family share skin and hair colour and half their features: hard negatives.
+    Members of one family share their skin tone and the groups not re-drawn: hard negatives.
     """
     base = identity_params(seed, family)
     rng = np.random.default_rng([seed, _TAG_SIBLING, family, member])
