@@ -197,8 +197,10 @@ class _NormalizedLinear(torch.autograd.Function):
                 # The gathered rows are this step's private copy: turn them into the gradient in place.
                 values = rows.mul_(-coef).addmm_(scaled.t(), e_hat)  # (C, D)
             elif fp32:
+                # −coef·W written once, then the product accumulated onto it: one pass over (C, D) fewer
+                # than a product followed by addcmul_.
                 values = ctx.workspace.get("grad_weight", tuple(rows.shape), rows.dtype, rows.device)
-                torch.mm(scaled.t(), e_hat, out=values).addcmul_(rows, coef, value=-1.0)  # (C, D)
+                torch.mul(rows, coef.neg_(), out=values).addmm_(scaled.t(), e_hat)  # (C, D)
             else:
                 values = torch.mm(scaled.t().to(cd), e_hat.to(cd)).to(rows.dtype)  # (C, D)
                 values.addcmul_(rows, coef, value=-1.0)
