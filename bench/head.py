@@ -12,8 +12,8 @@ matrix products on the sampled rows with the same shapes, dtype and threads, int
 (medians), and ``pair_ratios`` lists each repeat's own ratio.
 
 Peak memory per rank (``measure_peak``) is the growth of the resident set (CPU) or of CUDA's allocated
-bytes (GPU) from just before the head is built to its high-water mark over construction and every
-timed step; it is reported against the fp32 shard ``num_local · D · 4`` bytes. Figures are rank 0's
+bytes (GPU) from just before the head is built to its high-water mark over construction and the
+warm-up steps (at least two); it is reported against the fp32 shard ``num_local · D · 4`` bytes. Figures are rank 0's
 medians over ``--repeats`` steps after ``--warmup`` untimed ones, with (min, max).
 """
 from __future__ import annotations
@@ -187,16 +187,18 @@ def head_rank(rank: int, world_size: int, cfg: HeadConfig) -> dict[str, Any]:
             opt.zero_grad(set_to_none=True)
             embeddings.grad = None  # the backbone optimizer's zero_grad(set_to_none=True)
 
-        # Step and floor alternate, so load from other processes on a shared machine hits both alike.
         dist.barrier()
-        steps, floors = [], []
-        for k in range(cfg.warmup + cfg.repeats):
-            s = time_call(step, repeats=1, warmup=0, sync=sync).median
-            f = time_call(floor, repeats=1, warmup=0, sync=sync).median if cfg.floor else 0.0
-            if k >= cfg.warmup:
-                steps.append(s)
-                floors.append(f)
+        # The peak covers construction and the warm-up steps (at least two: the second is the steady
+        # state, with the buffers the head keeps between steps); the floor's products run after it, so
+        # their own work memory is not counted.
+        for _ in range(max(cfg.warmup, 2)):
+            step()
         peak = meter.peak()
+    # Step and floor alternate, so load from other processes on a shared machine hits both alike.
+    steps, floors = [], []
+    for _ in range(cfg.repeats):
+        steps.append(time_call(step, repeats=1, warmup=0, sync=sync).median)
+        floors.append(time_call(floor, repeats=1, warmup=0, sync=sync).median if cfg.floor else 0.0)
     assert (head.num_local, head.num_sample if cfg.sample_rate < 1.0 else head.num_local) == (num_local, num_sampled)
     out: dict[str, Any] = {"step": _timing(steps), "peak_mem_bytes": peak, "shard_bytes": num_local * D * 4,
                            "num_local": num_local, "num_sampled": num_sampled, "batch_global": n}
