@@ -180,8 +180,8 @@ _SIBLING_GROUPS: tuple[tuple[str, ...], ...] = (
 )
 
 
-def sibling_params(seed: int, family: int, member: int, groups: int = 4) -> IdentityParams:
-    """A look-alike: family ``family``'s base identity with ``groups`` of the 6 feature groups re-drawn.
+def sibling_params(seed: int, family: int, member: int, groups: int = 5) -> IdentityParams:
+    """A look-alike: family ``family``'s base identity with ``groups`` of the 6 feature groups re-drawn (default 5).
 
     Members of one family share their skin tone and the groups not re-drawn: hard negatives.
     """
