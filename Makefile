@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: test
+.PHONY: test demo bench
 
 $(VENV)/.installed: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,3 +17,18 @@ test: $(VENV)/.installed
 	@$(PY) -m pytest; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc
+
+# The whole product on this CPU in minutes: synthetic identities in the real formats, torchrun on 2 gloo
+# ranks, offline verification of the trained vs the untrained backbone (work_dirs/demo/results.json).
+demo: $(VENV)/.installed
+	$(PY) scripts/demo.py
+
+# Every benchmark on the CPU (about 15 minutes); tables on stdout, JSON under work_dirs/bench/.
+BENCH_OUT := work_dirs/bench
+bench: $(VENV)/.installed
+	$(PY) bench/head.py --num-classes 1000000 --sample-rate 0.1 --world-size 2 --batch-size 128 --embedding-size 512 --threads 1 --json $(BENCH_OUT)/head_r0.1.json
+	$(PY) bench/head.py --num-classes 1000000 --sample-rate 1.0 --world-size 2 --batch-size 128 --embedding-size 512 --threads 1 --json $(BENCH_OUT)/head_r1.json
+	$(PY) bench/backbone.py --network r50 --batch-size 8 --repeats 3 --json $(BENCH_OUT)/backbone_r50.json
+	$(PY) bench/backbone.py --network r50 --batch-size 8 --repeats 3 --channels-last --json $(BENCH_OUT)/backbone_r50_cl.json
+	$(PY) bench/loader.py --workers 1 --json $(BENCH_OUT)/loader.json
+	$(PY) bench/plan.py --num-classes 29000000 --gpus 8 --sample-rate 0.1 --embedding-size 512 --batch-size 128 --json $(BENCH_OUT)/plan.json
