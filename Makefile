@@ -27,7 +27,7 @@ demo: $(VENV)/.installed
 BENCH_OUT := work_dirs/bench
 bench: $(VENV)/.installed
 	$(PY) bench/head.py --num-classes 1000000 --sample-rate 0.1 --world-size 2 --batch-size 128 --embedding-size 512 --threads 1 --json $(BENCH_OUT)/head_r0.1.json
-	$(PY) bench/head.py --num-classes 1000000 --sample-rate 1.0 --world-size 2 --batch-size 128 --embedding-size 512 --threads 1 --json $(BENCH_OUT)/head_r1.json
+	$(PY) bench/head.py --num-classes 1000000 --sample-rate 1.0 --world-size 2 --batch-size 128 --embedding-size 512 --threads 1 --repeats 3 --json $(BENCH_OUT)/head_r1.json
 	$(PY) bench/backbone.py --network r50 --batch-size 8 --repeats 3 --json $(BENCH_OUT)/backbone_r50.json
 	$(PY) bench/backbone.py --network r50 --batch-size 8 --repeats 3 --channels-last --json $(BENCH_OUT)/backbone_r50_cl.json
 	$(PY) bench/loader.py --workers 1 --json $(BENCH_OUT)/loader.json
