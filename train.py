@@ -372,7 +372,7 @@ def train(job: Job, state: TrainState) -> None:
                 progress.set_postfix(loss=f"{meter.mean:.3f}", epoch=state.epoch)
             if state.step % cfg.frequent == 0 or state.step == total_steps:
                 log_progress(job, state, meter, samples_per_step, run_start, run_start_step)
-            if job.callback is not None and (state.step % cfg.verbose == 0 or state.step == total_steps):
+            if job.callback is not None and state.step % cfg.verbose == 0:
                 job.callback(state.step, job.model)
             if epoch_end or state.step == total_steps or (
                     cfg.save_every_steps and state.step % cfg.save_every_steps == 0):

@@ -3,7 +3,7 @@
 Data: 500 generated identities x 16 images in the insightface RecordIO layout, plus syn_easy / syn_hard
 verification pairs of 1,200 pairs each from identities not in training (scripts/make_synthetic.py writes
 them into `rec`). CosFace margin, AdamW, Partial FC sampling half the class centres per step, verification
-every 350 steps on rank 0.
+every 400 steps on rank 0 (scripts/demo.py then verifies the final model offline).
 """
 from easydict import EasyDict as edict
 
@@ -24,7 +24,7 @@ config.num_image = 8000
 config.num_epoch = 1
 config.max_steps = 700
 config.val_targets = ["syn_easy", "syn_hard"]
-config.verbose = 350
+config.verbose = 400
 config.frequent = 10
 config.num_workers = 1
 config.device = "cpu"
