@@ -94,7 +94,25 @@ def class_of(header_label, where: str) -> int:
     return int(value)
 
 
-class MXFaceDataset(Dataset):
+class _EncodedImages(Dataset):
+    """Shared ``__getitem__`` of datasets whose ``raw(index)`` returns ``(encoded bytes, class id, where)``."""
+
+    image_size: tuple[int, int]
+    transform: Transform | None
+
+    def raw(self, index: int) -> tuple[bytes, int, str]:
+        raise NotImplementedError
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        data, label, where = self.raw(index)
+        img = decode(data, where)  # (3, H, W) uint8
+        _check_size(img, self.image_size, where)
+        if self.transform is not None:
+            img = self.transform(img)
+        return img, torch.tensor(label, dtype=torch.int64)
+
+
+class MXFaceDataset(_EncodedImages):
     """Images from ``root_dir/train.rec`` + ``train.idx`` (insightface layout with header record, or im2rec).
 
     ``num_classes`` defaults to ``property`` or the header record; with neither (an im2rec file without
@@ -165,16 +183,8 @@ class MXFaceDataset(Dataset):
             raise ValueError(f"{where}: label {label} is out of range for num_classes={self.num_classes}")
         return image, label, where
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        image, label, where = self.raw(index)
-        img = decode(image, where)  # (3, H, W) uint8
-        _check_size(img, self.image_size, where)
-        if self.transform is not None:
-            img = self.transform(img)
-        return img, torch.tensor(label, dtype=torch.int64)
 
-
-class ImageFolderDataset(Dataset):
+class ImageFolderDataset(_EncodedImages):
     """``root/<identity>/<image>.{jpg,jpeg,png}``; class ids follow the sorted identity folder names."""
 
     def __init__(self, root: str | os.PathLike, transform: Transform | None = None,
@@ -198,14 +208,6 @@ class ImageFolderDataset(Dataset):
         """``(encoded image bytes, class id, path)`` of sample ``index``."""
         path, label = self.samples[index]
         return path.read_bytes(), label, str(path)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        data, label, where = self.raw(index)
-        img = decode(data, where)  # (3, H, W) uint8
-        _check_size(img, self.image_size, where)
-        if self.transform is not None:
-            img = self.transform(img)
-        return img, torch.tensor(label, dtype=torch.int64)
 
 
 class SyntheticDataset(Dataset):
