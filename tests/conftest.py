@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
-FIXTURES = SHARED / "fixtures"
+from _paths import ROOT
 
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from backbones import get_model, list_models
 from backbones.flops import count_flops
-from tests.conftest import ROOT
+from _paths import ROOT
 
 # Names the team contract promises.
 CONTRACT_NAMES = {"r18", "r34", "r50", "r100", "r200", "mbf", "tiny"}

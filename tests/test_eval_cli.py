@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torchvision.io import encode_jpeg
 
-from conftest import ROOT
+from _paths import ROOT
 from eval import verify
 from eval.verification import _read_pickle, load_bin, save_bin
 from scripts import make_bin

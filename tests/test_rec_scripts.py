@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import FIXTURES, ROOT
+from _paths import FIXTURES, ROOT
 from PIL import Image
 
 from dataset import ImageFolderDataset, MXFaceDataset

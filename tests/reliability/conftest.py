@@ -10,11 +10,7 @@ from pathlib import Path
 import pytest
 
 from _launch import train
-
-CONFIG = "configs/debug_cpu"
-# save_every_steps and keep_checkpoints are outside the config fingerprint: runs that differ only in them
-# train the same model and may resume each other's checkpoints.
-REFERENCE = ("save_every_steps=5", "keep_checkpoints=20", "frequent=1")
+from _reliability import CONFIG, REFERENCE
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from _launch import ROOT, _env, load_model, max_difference, torchrun_command, train
-from conftest import CONFIG, REFERENCE
+from _reliability import CONFIG, REFERENCE
 from utils.checkpoint import MANIFEST, find_latest, is_complete, step_dir
 
 # Runs train.main() in a process whose os.replace SIGKILLs the process instead of renaming

@@ -16,7 +16,7 @@ import torch
 from torchvision.io import encode_jpeg
 
 from _launch import ROOT, _env, train
-from conftest import CONFIG, REFERENCE
+from _reliability import CONFIG, REFERENCE
 from eval.verification import save_bin
 from utils.checkpoint import MANIFEST
 

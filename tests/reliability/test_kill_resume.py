@@ -13,7 +13,7 @@ import pytest
 
 from _dist import free_port
 from _launch import ROOT, _env, load_model, max_difference
-from conftest import CONFIG
+from _reliability import CONFIG
 from utils.checkpoint import find_latest
 
 # Checkpoints every 10 steps (the reference saves every 5; both keys are outside the fingerprint): about

@@ -14,7 +14,7 @@ import torch
 
 from _dist import run_distributed
 from _launch import copy_checkpoints_until, gathered_head_after_resume, logged_losses, saved_head, train
-from conftest import CONFIG, REFERENCE
+from _reliability import CONFIG, REFERENCE
 from utils.checkpoint import find_latest, step_dir
 
 
