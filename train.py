@@ -67,8 +67,20 @@ def init_distributed(device: torch.device, timeout_minutes: float) -> None:
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
         return
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend=backend, init_method="env://",
-                            timeout=datetime.timedelta(minutes=timeout_minutes))
+    timeout = datetime.timedelta(minutes=timeout_minutes)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None:
+        dist.init_process_group(backend=backend, init_method="env://", timeout=timeout)
+        return
+    # Under torchrun the store can outlive a restart (the agent's store serves every round). A restarted
+    # group that reads the previous round's keys makes gloo connect to the dead ranks' addresses and fail,
+    # so every attempt gets its own key space.
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(host, port, world_size, is_master=rank == 0 and not agent_store, timeout=timeout)
+    dist.init_process_group(backend=backend, store=dist.PrefixStore(f"facetrain/attempt_{attempt}", store),
+                            rank=rank, world_size=world_size, timeout=timeout)
 
 
 # ----------------------------------------------------------------------------------------------------------
