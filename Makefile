@@ -22,7 +22,8 @@ test: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(PY) scripts/demo.py
 
-# Every benchmark on the CPU (about 15 minutes); tables on stdout, JSON under work_dirs/bench/.
+# Every benchmark on the CPU (2.5 minutes on a quiet 2-core machine, longer under load); tables on stdout,
+# JSON under work_dirs/bench/.
 BENCH_OUT := work_dirs/bench
 bench: $(VENV)/.installed
 	$(PY) bench/head.py --num-classes 1000000 --sample-rate 0.1 --world-size 2 --batch-size 128 --embedding-size 512 --threads 1 --json $(BENCH_OUT)/head_r0.1.json
