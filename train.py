@@ -337,15 +337,17 @@ def optimizer_step(job: Job, state: TrainState, micro_batches: list[tuple[torch.
 # Loop
 # ----------------------------------------------------------------------------------------------------------
 class Meter:
-    """Running mean of the loss and throughput since the last log line."""
+    """Running mean of the loss and throughput since the last log line (``steps`` counts skipped steps too:
+    their batches were read and computed)."""
 
     def __init__(self) -> None:
         self.reset()
 
     def reset(self) -> None:
-        self.total, self.count, self.start = 0.0, 0, time.perf_counter()
+        self.total, self.count, self.steps, self.start = 0.0, 0, 0, time.perf_counter()
 
     def add(self, value: float) -> None:
+        self.steps += 1
         if math.isfinite(value):
             self.total += value
             self.count += 1
@@ -401,8 +403,8 @@ def log_progress(job: Job, state: TrainState, meter: Meter, samples_per_step: in
                  run_start_step: int) -> None:
     now = time.perf_counter()
     steps = max(state.step - run_start_step, 1)
-    interval_steps = max(job.cfg.frequent, 1)
-    speed = samples_per_step * interval_steps / max(now - meter.start, 1e-9)
+    # The interval since the last line: `frequent` steps, fewer for the last line or after a resume.
+    speed = samples_per_step * meter.steps / max(now - meter.start, 1e-9)
     eta = (job.derived.total_steps - state.step) * (now - run_start) / steps
     lr = job.opt_backbone.param_groups[0]["lr"]
     scale = job.scaler.get_scale() if job.scaler.is_enabled() else 1.0
