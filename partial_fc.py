@@ -47,47 +47,21 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from utils.distributed import all_gather_cat, all_gather_sizes, get_rank, get_world_size, sharded_cross_entropy
+from utils.distributed import (Tactic, all_gather_cat, all_gather_sizes, get_rank, get_world_size, resolve_tactic,
+                               rows_per_block, sharded_cross_entropy)
 
 __all__ = [
     "PartialFC", "PartialFC_V2", "RowSparseAdamW", "RowSparseSGD", "build_head_optimizer", "class_partition",
+    "sample_size",
 ]
 
 logger = logging.getLogger(__name__)
 
 _INIT_BLOCK = 1024  # classes per independently seeded block of initial weights
 _NORM_EPS = 1e-12  # as F.normalize
-_ROW_CHUNK = 1024  # rows per optimizer update: its (chunk, D) work buffers stay in cache
-
-
-class _Workspace:
-    """Large per-step buffers kept from one step to the next, by name.
-
-    A fresh multi-megabyte CPU buffer costs a page fault per 4 KiB page when first written (~0.7 ms/MB
-    measured here, as much as a pass of arithmetic over it), so the sampled rows, the cosines and the
-    dense weight gradient reuse the memory of the previous step. Only the *storage* is kept, never a
-    tensor: autograd adopts a returned gradient without copying it only when no other tensor refers to
-    it, and the storage's use count says whether anything from an earlier step still holds the memory
-    (a gradient kept for accumulation, a graph kept alive, a caller's reference); then a fresh buffer is
-    allocated and the held one is left alone.
-    """
-
-    def __init__(self) -> None:
-        self._storages: dict[str, torch.UntypedStorage] = {}
-
-    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
-        """An uninitialised ``shape`` tensor; reuses ``name``'s memory when nothing else holds it."""
-        nbytes = dtype.itemsize
-        for n in shape:
-            nbytes *= n
-        held = self._storages.get(name)
-        # 1 = only this workspace refers to the storage (torch has no public use count for storages).
-        if (held is not None and held.device == device and held.nbytes() >= nbytes
-                and torch._C._storage_Use_Count(held._cdata) == 1):
-            return torch.empty(0, dtype=dtype, device=device).set_(held, 0, shape)
-        out = torch.empty(shape, dtype=dtype, device=device)
-        self._storages[name] = out.untyped_storage()
-        return out
+ROW_CHUNK = 1024  # rows per optimizer update with the row_blocks tactic: (chunk, D) work buffers stay in cache
+_M30 = (1 << 30) - 1
+_M31 = (1 << 31) - 1
 
 
 def class_partition(num_classes: int, world_size: int, rank: int) -> tuple[int, int]:
@@ -103,6 +77,21 @@ def class_partition(num_classes: int, world_size: int, rank: int) -> tuple[int, 
                          f"every rank must own at least one class")
     base, extra = divmod(num_classes, world_size)
     return rank * base + min(rank, extra), base + (1 if rank < extra else 0)
+
+
+def sample_size(num_local: int, sample_rate: float, batch_global: int) -> int:
+    """Class centres a rank uses in a step: ``max(int(sample_rate · num_local), batch_global)``, at most
+    ``num_local``; all of them at ``sample_rate == 1``.
+
+    The global batch bounds the positives a rank can hold, so this many rows always fit every positive;
+    the count is known before the labels are read, which keeps the step free of host synchronisation
+    and of data-dependent shapes. It equals the original method's count (``max(int(rate · n), P)``
+    for P distinct positives) whenever the sample is at least as large as the global batch, the case of
+    every published recipe; below that it samples a few more negatives.
+    """
+    if sample_rate >= 1.0:
+        return num_local
+    return min(num_local, max(int(sample_rate * num_local), batch_global))
 
 
 def _init_rows(seed: int, class_start: int, num_local: int, dim: int) -> Tensor:
@@ -123,50 +112,70 @@ def _init_rows(seed: int, class_start: int, num_local: int, dim: int) -> Tensor:
     return out
 
 
+def _mix31(x: Tensor) -> Tensor:
+    """A 31-bit integer hash of int64 values in ``[0, 2^31)`` (xor-shift / multiply rounds).
+
+    Every product stays below 2^58, so the arithmetic is exact int64 on every device: the CPU and a GPU
+    compute the same bits, and so sample the same classes.
+    """
+    for _ in range(2):
+        x = torch.bitwise_xor(x, x >> 16)
+        x = (x * 0x45D9F3B) & _M31
+    return torch.bitwise_xor(x, x >> 16)
+
+
+def _sampling_keys(class_ids: Tensor, seed: Tensor) -> Tensor:
+    """Distinct int64 keys whose order is a random permutation of ``class_ids`` for this ``seed (1,)``.
+
+    ``key = hash(class id, seed) · 2^32 + class id``: the hash (30 bits) orders the classes, the class id
+    in the low bits makes every key distinct, so ``topk`` has no ties to break and chooses the same set on
+    every device.
+    """
+    hashed = _mix31(torch.bitwise_xor(class_ids & _M31, seed) & _M31)
+    hashed = _mix31(torch.bitwise_xor(hashed, (seed * 0x2545F49) & _M31)) & _M30
+    return (hashed << 32) | class_ids
+
+
 class _NormalizedLinear(torch.autograd.Function):
     """Cosines between rows of ``emb (B, D)`` and rows ``index (C,)`` of ``weight (N, D)``: ``(B, C)`` fp32.
 
-    ``index`` (sorted, unique) selects the sampled rows, gathered into a workspace buffer; ``None``
-    uses all ``N`` rows. With an index the weight gradient is a coalesced sparse ``(N, D)`` tensor whose
-    values are the gathered rows overwritten by their gradient (what ``F.embedding(sparse=True)`` gives,
-    without its fresh buffers).
+    ``index`` (sorted, unique) selects the sampled rows; ``None`` uses all ``N`` rows. With an index the
+    weight gradient is a coalesced sparse ``(N, D)`` tensor whose values are this step's gathered copy of
+    the rows, overwritten by their gradient (what ``F.embedding(sparse=True)`` gives, without its extra
+    buffers).
 
     Forward: ``cos = (emb / |emb|) @ (weight / |weight|)ᵀ``, computed as ``(ê @ Wᵀ) · diag(1/|W|)`` so the
-    normalised weight is never materialised. The matmul runs in the ambient autocast dtype, if any.
+    normalised weight is never materialised. The products run in ``compute_dtype`` (the ambient autocast
+    dtype: bf16/fp16 operands with fp32 accumulation) and everything else in fp32.
     Backward, with ``g = ∂L/∂cos`` and ``G = g · diag(1/|W|)``:
     ``∂L/∂W = Gᵀ ê − diag(Σ_b g⊙cos / |W|²) W`` and ``∂L/∂emb = diag(1/|e|)(G W − diag(Σ_c g⊙cos) ê)``
     (the row dots ``ŵ·∂L/∂ŵ`` equal ``Σ_b g⊙cos``, so no (C, D) temporary is needed). Rows with a norm
-    below 1e-12 are divided by 1e-12 instead, as ``F.normalize``. The cosines live in a workspace buffer
-    that the backward overwrites, so the backward can run once. fp32 products run as ``mm(out=)`` into
-    workspace buffers: a step allocates no large fresh tensor here.
+    below 1e-12 are divided by 1e-12 instead, as ``F.normalize``. The backward overwrites the cosines with
+    ``G`` (they are the head's own temporary), so it can run once; its four passes over ``(B, C)`` run in
+    cache-sized row blocks (``row_blocks``) or as whole-tensor operations (``fixed_ops``).
     """
 
     @staticmethod
-    def forward(ctx, emb: Tensor, weight: Tensor, index: Tensor | None, workspace: _Workspace) -> Tensor:
+    def forward(ctx, emb: Tensor, weight: Tensor, index: Tensor | None, tactic: str) -> Tensor:
         device_type = emb.device.type
         compute_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) \
             else torch.float32
         with torch.autocast(device_type, enabled=False):
-            if index is not None:
-                rows = workspace.get("rows", (index.numel(), weight.shape[1]), weight.dtype, weight.device)
-                torch.index_select(weight, 0, index, out=rows)  # (C, D) the sampled rows
-            else:
-                rows = weight  # (C, D)
+            rows = weight if index is None else weight.index_select(0, index)  # (C, D)
             emb = emb.float()
             e_norm = torch.linalg.vector_norm(emb, dim=1)  # (B,)
             w_norm = torch.linalg.vector_norm(rows, dim=1)  # (C,)
             inv_e = 1.0 / e_norm.clamp_min(_NORM_EPS)  # (B,)
             inv_w = 1.0 / w_norm.clamp_min(_NORM_EPS)  # (C,)
             e_hat = emb * inv_e[:, None]  # (B, D)
-            cos = workspace.get("cos", (emb.shape[0], rows.shape[0]), torch.float32, emb.device)  # (B, C)
-            if compute_dtype == torch.float32 and rows.dtype == torch.float32:
-                torch.mm(e_hat, rows.t(), out=cos)
+            if compute_dtype == torch.float32:
+                cos = torch.mm(e_hat, rows.t())  # (B, C)
             else:
-                cos.copy_(torch.mm(e_hat.to(compute_dtype), rows.to(compute_dtype).t()))
+                cos = torch.mm(e_hat.to(compute_dtype), rows.to(compute_dtype).t()).float()  # (B, C)
             cos.mul_(inv_w[None, :])
         ctx.compute_dtype = compute_dtype
+        ctx.tactic = tactic
         ctx.weight_shape = weight.shape
-        ctx.workspace = workspace
         ctx.save_for_backward(e_hat, rows, index, inv_e, inv_w, e_norm > _NORM_EPS, w_norm > _NORM_EPS, cos)
         return cos
 
@@ -174,10 +183,9 @@ class _NormalizedLinear(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         e_hat, rows, index, inv_e, inv_w, e_ok, w_ok, cos = ctx.saved_tensors
         cd = ctx.compute_dtype
-        # Row blocks of ~1 MiB: the four passes over (B, C) run on a block while it is in cache.
         dot_w = torch.zeros_like(inv_w)  # (C,)
         dot_e = torch.empty_like(inv_e)  # (B,)
-        step = max(1, (1 << 18) // max(cos.shape[1], 1))
+        step = rows_per_block(cos.shape[1], cos.shape[0], ctx.tactic)
         for start in range(0, cos.shape[0], step):
             block = cos[start: start + step].mul_(grad[start: start + step])  # (step, C) g⊙cos, in place
             dot_w.add_(block.sum(dim=0))
@@ -185,24 +193,21 @@ class _NormalizedLinear(torch.autograd.Function):
             torch.mul(grad[start: start + step], inv_w[None, :], out=block)  # (step, C) G
         dot_w.mul_(w_ok)  # (C,) ŵ·∂L/∂ŵ
         dot_e.mul_(e_ok)  # (B,) ê·∂L/∂ê
-        scaled = cos  # (B, C) G, in the forward's buffer
+        scaled = cos  # (B, C) G, in the forward's tensor
         grad_emb = grad_weight = None
-        fp32 = cd == torch.float32 and rows.dtype == torch.float32
+        fp32 = cd == torch.float32
         if ctx.needs_input_grad[0]:
-            d_e_hat = torch.mm(scaled.to(cd), rows.to(cd)).float()  # (B, D)
+            d_e_hat = torch.mm(scaled, rows) if fp32 else torch.mm(scaled.to(cd), rows.to(cd)).float()  # (B, D)
             grad_emb = d_e_hat.sub_(e_hat * dot_e[:, None]).mul_(inv_e[:, None])
         if ctx.needs_input_grad[1]:
-            coef = (dot_w * inv_w * inv_w)[:, None].to(rows.dtype)  # (C, 1)
-            if index is not None and fp32:
-                # The gathered rows are this step's private copy: turn them into the gradient in place.
-                values = rows.mul_(-coef).addmm_(scaled.t(), e_hat)  # (C, D)
-            elif fp32:
+            coef = (dot_w * inv_w * inv_w)[:, None]  # (C, 1)
+            if fp32:
                 # −coef·W written once, then the product accumulated onto it: one pass over (C, D) fewer
-                # than a product followed by addcmul_.
-                values = ctx.workspace.get("grad_weight", tuple(rows.shape), rows.dtype, rows.device)
-                torch.mul(rows, coef.neg_(), out=values).addmm_(scaled.t(), e_hat)  # (C, D)
+                # than a product followed by addcmul_. The gathered rows are this step's own copy: reuse it.
+                values = rows.mul_(coef.neg_()) if index is not None else torch.mul(rows, coef.neg_())
+                values.addmm_(scaled.t(), e_hat)  # (C, D)
             else:
-                values = torch.mm(scaled.t().to(cd), e_hat.to(cd)).to(rows.dtype)  # (C, D)
+                values = torch.mm(scaled.t().to(cd), e_hat.to(cd)).float()  # (C, D)
                 values.addcmul_(rows, coef, value=-1.0)
             if index is None:
                 grad_weight = values
@@ -217,23 +222,29 @@ class PartialFC(nn.Module):
 
     Args:
         margin_loss: maps ``(cosines (B, C_sampled), labels (B,) with -1 = elsewhere)`` to scaled logits,
-            e.g. ``losses.ArcFace()``.
+            e.g. ``losses.ArcFace()``. When it has an ``apply_margin`` method (every margin in ``losses``),
+            the head calls that: it has checked the labels itself.
         embedding_size: D.
         num_classes: C over all ranks (>= world size).
         sample_rate: fraction of this rank's classes used per step, in (0, 1]. Below 1, every class in the
-            global batch is kept and ``int(sample_rate · num_local)`` classes are used in all (more if the
-            batch has more classes); negatives are drawn uniformly without replacement with a generator
-            seeded each step from the global torch RNG (one ``torch.randint`` draw per step on every rank).
+            global batch is kept and ``sample_size(num_local, sample_rate, B_global)`` classes are used in
+            all; negatives are drawn uniformly without replacement from a per-step seed that is one
+            ``torch.randint`` draw from the global torch RNG (every rank, every step, sampled or not).
         seed: initial centres are ``normal(0, 0.01)`` and depend only on ``(seed, class id)``, not on the
             world size (see ``_init_rows``).
+        tactic: ``"auto"`` (default: by the device of the embeddings), ``"row_blocks"`` or ``"fixed_ops"``;
+            see ``utils.distributed.resolve_tactic``. Both give the same values.
 
     Attributes: ``weight`` (num_local, D) fp32 Parameter, ``class_start``, ``num_local``.
     ``forward(local_embeddings (B, D), local_labels (B,))`` returns the mean loss over the global batch;
     B may differ between ranks and steps.
+
+    Host-device synchronisations per step: one, reading the gathered batch sizes and label ranges of
+    every rank (``_check_inputs``); everything else, sampling included, stays on the device.
     """
 
     def __init__(self, margin_loss: Callable[[Tensor, Tensor], Tensor], embedding_size: int, num_classes: int,
-                 sample_rate: float = 1.0, *, seed: int = 0) -> None:
+                 sample_rate: float = 1.0, *, seed: int = 0, tactic: Tactic = "auto") -> None:
         super().__init__()
         if not callable(margin_loss):
             raise ValueError(f"PartialFC: margin_loss must be callable (e.g. losses.ArcFace()), got {margin_loss!r}")
@@ -241,6 +252,7 @@ class PartialFC(nn.Module):
             raise ValueError(f"PartialFC: embedding_size={embedding_size} must be >= 1")
         if not 0.0 < sample_rate <= 1.0:
             raise ValueError(f"PartialFC: sample_rate={sample_rate} must be in (0, 1]")
+        resolve_tactic(tactic, "cpu")  # validates the name
         self.world_size = get_world_size()
         self.rank = get_rank()
         self.class_start, self.num_local = class_partition(num_classes, self.world_size, self.rank)
@@ -248,52 +260,61 @@ class PartialFC(nn.Module):
         self.embedding_size = embedding_size
         self.num_classes = num_classes
         self.sample_rate = sample_rate
-        self.num_sample = int(sample_rate * self.num_local)
+        self.tactic: Tactic = tactic
         self.weight = nn.Parameter(_init_rows(seed, self.class_start, self.num_local, embedding_size))
-        self._generator: torch.Generator | None = None
-        self._workspace = _Workspace()
 
     def extra_repr(self) -> str:
         return (f"embedding_size={self.embedding_size}, num_classes={self.num_classes}, "
-                f"sample_rate={self.sample_rate}, class_start={self.class_start}, num_local={self.num_local}")
+                f"sample_rate={self.sample_rate}, class_start={self.class_start}, num_local={self.num_local}, "
+                f"tactic={self.tactic!r}")
 
-    def _check_sizes(self, local_embeddings: Tensor, local_labels: Tensor) -> list[int]:
-        """Gather every rank's input shapes and raise the same ``ValueError`` on every rank if one is bad."""
+    def _check_inputs(self, local_embeddings: Tensor, local_labels: Tensor) -> list[int]:
+        """Gather every rank's input shapes and label range; raise the same ``ValueError`` on every rank if
+        one is bad. Returns the batch size of every rank. The one host-device synchronisation of a step."""
         emb_ok = local_embeddings.dim() == 2 and local_embeddings.shape[1] == self.embedding_size
-        labels_ok = not (local_labels.is_floating_point() or local_labels.is_complex() or local_labels.dtype == torch.bool)
-        shapes = all_gather_sizes([local_embeddings.shape[0] if local_embeddings.dim() else -1,
-                                   local_labels.numel(), int(emb_ok), int(labels_ok)], local_embeddings.device)
-        for rank, (n_emb, n_lab, e_ok, l_ok) in enumerate(shapes.tolist()):
+        labels_ok = not (local_labels.is_floating_point() or local_labels.is_complex()
+                         or local_labels.dtype == torch.bool)
+        device = local_embeddings.device
+        header = torch.tensor([local_embeddings.shape[0] if local_embeddings.dim() else -1, local_labels.numel(),
+                               int(emb_ok), int(labels_ok)], dtype=torch.int64).to(device, non_blocking=True)
+        if labels_ok and local_labels.numel():
+            flat = local_labels.reshape(-1).long()  # (B,)
+            bad = (flat < 0) | (flat >= self.num_classes)  # (B,)
+            first = torch.argmax(bad.to(torch.uint8))  # () first bad sample, or 0
+            where = torch.cat([torch.where(bad.any(), first, -1).reshape(1), flat.gather(0, first.reshape(1))])  # (2,)
+        else:
+            where = torch.tensor([-1, 0], dtype=torch.int64).to(device, non_blocking=True)  # (2,)
+        gathered = all_gather_sizes(torch.cat([header, where]), device)  # W rows of 6 ints, on the host
+        for rank, (n_emb, n_lab, e_ok, l_ok, sample, label) in enumerate(gathered):
             if not (e_ok and l_ok and n_emb == n_lab):
                 raise ValueError(
                     f"PartialFC.forward on rank {rank}: expected embeddings (B, {self.embedding_size}) and B integer "
                     f"labels; got {n_emb} embedding rows (shape ok: {bool(e_ok)}) and {n_lab} labels "
                     f"(integer: {bool(l_ok)})")
-        batch = shapes[:, 0].tolist()
+            if sample >= 0:
+                raise ValueError(f"PartialFC.forward: label {label} (rank {rank}, sample {sample}) is outside "
+                                 f"[0, {self.num_classes})")
+        batch = [row[0] for row in gathered]
         if sum(batch) == 0:
             raise ValueError("PartialFC.forward: the global batch is empty (0 samples on every rank)")
         return batch
 
-    def _sample(self, positives: Tensor) -> Tensor:
-        """Sorted local class indices used this step: all ``positives`` plus uniform negatives."""
+    def _sample(self, local: Tensor, in_shard: Tensor, batch_global: int) -> Tensor:
+        """Sorted local rows used this step: every positive plus uniformly drawn negatives, ``(k,)`` with
+        ``k = sample_size(...)``. A fixed number of operations; nothing is read on the host."""
         device = self.weight.device
-        # Drawn every step on every rank, sampled or not, so the global RNG streams stay aligned.
-        seed = int(torch.randint(0, 2**62, (1,)).item())
-        mask = torch.zeros(self.num_local, dtype=torch.bool, device=device)  # (num_local,)
-        mask[positives] = True
-        index = torch.nonzero(mask).view(-1)  # (P,) sorted
-        missing = self.num_sample - index.numel()
-        if missing <= 0:
-            return index
-        if self._generator is None or self._generator.device != torch.device(device):
-            self._generator = torch.Generator(device=device)
-        self._generator.manual_seed(seed)
-        perm = torch.randperm(self.num_local, generator=self._generator, device=device)  # (num_local,)
-        # At most P of the first missing + P entries are positives: filtering only that prefix gives the
-        # same negatives as filtering the whole permutation.
-        head = perm[: missing + index.numel()]  # (missing + P,)
-        negatives = head[~mask[head]][:missing]  # (num_sample - P,)
-        return torch.cat([index, negatives]).sort().values  # (num_sample,)
+        # One draw from the global (CPU) torch RNG per step on every rank keeps the RNG streams aligned;
+        # the seed travels to the device without a synchronisation.
+        seed = torch.randint(0, _M31, (1,)).to(device, non_blocking=True)  # (1,)
+        ids = torch.arange(self.num_local, device=device)  # (num_local,)
+        keys = _sampling_keys(ids + self.class_start, seed)  # (num_local,) distinct
+        # Positives go first: 2^62 lifts them above every key (keys are below 2^62).
+        lift = torch.where(in_shard, 1 << 62, 0)  # (B_global,)
+        keys.scatter_reduce_(0, local.clamp(0, self.num_local - 1), keys.gather(0, local.clamp(0, self.num_local - 1))
+                             + lift, reduce="amax")
+        k = sample_size(self.num_local, self.sample_rate, batch_global)
+        chosen = torch.topk(keys, k, sorted=False).indices  # (k,)
+        return chosen.sort().values  # (k,)
 
     def forward(self, local_embeddings: Tensor, local_labels: Tensor) -> Tensor:
         """Mean margin-softmax cross-entropy over the global batch (the same scalar on every rank).
@@ -301,56 +322,60 @@ class PartialFC(nn.Module):
         Raises ``ValueError`` on every rank when any rank passes a label outside ``[0, num_classes)`` or
         mismatched shapes.
         """
-        batch_sizes = self._check_sizes(local_embeddings, local_labels)
+        tactic = resolve_tactic(self.tactic, local_embeddings.device)
+        batch_sizes = self._check_inputs(local_embeddings, local_labels)
         labels = all_gather_cat(local_labels.reshape(-1).long(), sizes=batch_sizes)  # (B_global,)
-        bad = (labels < 0) | (labels >= self.num_classes)  # (B_global,)
-        if bool(bad.any()):
-            position = int(torch.nonzero(bad)[0, 0])
-            rank = next(r for r in range(len(batch_sizes)) if position < sum(batch_sizes[: r + 1]))
-            raise ValueError(f"PartialFC.forward: label {int(labels[position])} (rank {rank}, sample "
-                             f"{position - sum(batch_sizes[:rank])}) is outside [0, {self.num_classes})")
         embeddings = all_gather_cat(local_embeddings, grad_scale=float(self.world_size), sizes=batch_sizes)  # (B_g, D)
 
         local = labels - self.class_start  # (B_global,)
         in_shard = (local >= 0) & (local < self.num_local)  # (B_global,)
         if self.sample_rate < 1.0:
-            index = self._sample(local[in_shard])  # (C_s,) sorted; sparse weight grad on these rows
-            target = torch.full_like(labels, -1)  # (B_global,)
-            target[in_shard] = torch.searchsorted(index, local[in_shard])
+            index = self._sample(local, in_shard, labels.shape[0])  # (C_s,) sorted; sparse weight grad on these
+            column = torch.searchsorted(index, local.clamp(0, self.num_local - 1))  # (B_global,)
+            target = torch.where(in_shard, column, -1)  # (B_global,)
         else:
             index = None
-            target = torch.where(in_shard, local, torch.full_like(local, -1))  # (B_global,)
+            target = torch.where(in_shard, local, -1)  # (B_global,)
 
-        cos = _NormalizedLinear.apply(embeddings, self.weight, index, self._workspace)  # (B_global, C_s) fp32
-        logits = self.margin_loss(cos, target)  # (B_global, C_s)
-        return sharded_cross_entropy(logits, target)
+        cos = _NormalizedLinear.apply(embeddings, self.weight, index, tactic)  # (B_global, C_s) fp32
+        margin = getattr(self.margin_loss, "apply_margin", self.margin_loss)
+        logits = margin(cos, target)  # (B_global, C_s)
+        return sharded_cross_entropy(logits, target, tactic)
 
 
 PartialFC_V2 = PartialFC
 
 
 def _rows_of(grad: Tensor) -> tuple[Tensor | None, Tensor]:
-    """``(row indices, values)`` of a sparse row gradient with unique rows; ``(None, grad)`` if dense."""
+    """``(row indices, values)`` of a sparse row gradient with unique rows; ``(None, grad)`` if dense.
+
+    The head's own gradients arrive coalesced. A sum of several (gradient accumulation) is coalesced
+    here, which reads its row count on the host: one synchronisation per step, only with accumulation.
+    """
     if not grad.is_sparse:
         return None, grad
     if not grad.is_coalesced():
-        rows = grad._indices()[0]  # (nnz,)
-        # One micro-step's gradient from F.embedding has sorted unique rows: skip the copy that coalesce makes.
-        if rows.numel() > 1 and not bool((rows[1:] > rows[:-1]).all()):
-            grad = grad.coalesce()
+        grad = grad.coalesce()
     if grad.sparse_dim() != 1 or grad.dense_dim() != 1:
         raise ValueError(f"row-sparse optimizer: expected a sparse gradient of (rows, D), got sparse_dim "
                          f"{grad.sparse_dim()} dense_dim {grad.dense_dim()}")
-    return grad._indices()[0], grad._values()
+    return grad.indices()[0], grad.values()
 
 
 class _RowSparseOptimizer(torch.optim.Optimizer):
-    """Base: eager row-wise state, and ``step`` routing dense and row-sparse gradients to ``_update``."""
+    """Base: eager row-wise state, and ``step`` routing dense and row-sparse gradients to ``_update``.
+
+    ``tactic`` (see ``utils.distributed.resolve_tactic``, default by the parameter's device): with
+    ``row_blocks`` an update runs over chunks of ``ROW_CHUNK`` rows whose operands stay in cache; with
+    ``fixed_ops`` over all present rows at once (a fixed number of operations per step).
+    """
 
     _state_keys: tuple[str, ...] = ()
 
-    def __init__(self, params: Iterable[Tensor], defaults: dict[str, Any]) -> None:
+    def __init__(self, params: Iterable[Tensor], defaults: dict[str, Any], tactic: Tactic = "auto") -> None:
         super().__init__(params, defaults)
+        resolve_tactic(tactic, "cpu")  # validates the name
+        self.tactic: Tactic = tactic
         for group in self.param_groups:
             for p in group["params"]:
                 self.state[p] = self._init_state(p)
@@ -367,6 +392,8 @@ class _RowSparseOptimizer(torch.optim.Optimizer):
         raise NotImplementedError
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's ``load_state_dict``, then every row-wise state tensor on its parameter's device and checked
+        to have one row per parameter row (torch leaves a ``step`` tensor where it was loaded from)."""
         super().load_state_dict(state_dict)
         for group in self.param_groups:
             for p in group["params"]:
@@ -376,6 +403,7 @@ class _RowSparseOptimizer(torch.optim.Optimizer):
                         got = tuple(state[key].shape) if key in state else "missing"
                         raise ValueError(f"{type(self).__name__}.load_state_dict: state {key!r} is {got}; "
                                          f"expected first dimension {p.shape[0]} (the parameter's rows)")
+                    state[key] = state[key].to(p.device)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
@@ -390,26 +418,23 @@ class _RowSparseOptimizer(torch.optim.Optimizer):
                     continue
                 state = self.state[p]
                 rows, values = _rows_of(p.grad)
-                count = p.shape[0] if rows is None else rows.numel()
-                # Chunks of rows, so each update's operands stay in cache; the work buffers are allocated
-                # once per step (sliced for the last chunk).
-                chunk = min(_ROW_CHUNK, count)
+                count = p.shape[0] if rows is None else rows.shape[0]
+                if resolve_tactic(self.tactic, p.device) == "fixed_ops":
+                    chunk = max(count, 1)
+                else:
+                    chunk = min(ROW_CHUNK, max(count, 1))
+                # The work buffers are allocated once per step (sliced for the last chunk).
                 scratch = p.new_empty((chunk, *p.shape[1:]))  # (chunk, D)
-                if rows is not None:
-                    param_buf = p.new_empty((chunk, *p.shape[1:]))  # (chunk, D)
-                    state_bufs = {k: state[k].new_empty((chunk, *state[k].shape[1:])) for k in self._state_keys}
-                for start in range(0, count, _ROW_CHUNK):
-                    end = min(start + _ROW_CHUNK, count)
-                    n = end - start
+                for start in range(0, count, chunk):
+                    end = min(start + chunk, count)
                     if rows is None:  # dense: update row slices in place
                         self._update(group, values[start:end], p[start:end],
-                                     {k: state[k][start:end] for k in self._state_keys}, scratch[:n])
+                                     {k: state[k][start:end] for k in self._state_keys}, scratch[:end - start])
                         continue
                     idx = rows[start:end]  # (n,)
-                    param_rows = torch.index_select(p, 0, idx, out=param_buf[:n])  # (n, D)
-                    state_rows = {k: torch.index_select(state[k], 0, idx, out=state_bufs[k][:n])
-                                  for k in self._state_keys}
-                    self._update(group, values[start:end], param_rows, state_rows, scratch[:n])
+                    param_rows = p.index_select(0, idx)  # (n, D)
+                    state_rows = {k: state[k].index_select(0, idx) for k in self._state_keys}
+                    self._update(group, values[start:end], param_rows, state_rows, scratch[:end - start])
                     p.index_copy_(0, idx, param_rows)
                     for k in self._state_keys:
                         state[k].index_copy_(0, idx, state_rows[k])
@@ -426,11 +451,12 @@ class RowSparseSGD(_RowSparseOptimizer):
 
     _state_keys = ("momentum_buffer",)
 
-    def __init__(self, params: Iterable[Tensor], lr: float, momentum: float = 0.9, weight_decay: float = 5e-4) -> None:
+    def __init__(self, params: Iterable[Tensor], lr: float, momentum: float = 0.9, weight_decay: float = 5e-4,
+                 *, tactic: Tactic = "auto") -> None:
         for name, value in (("lr", lr), ("momentum", momentum), ("weight_decay", weight_decay)):
             if not value >= 0.0:
                 raise ValueError(f"RowSparseSGD: {name}={value} must be >= 0")
-        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay), tactic)
 
     def _init_state(self, p: Tensor) -> dict[str, Tensor]:
         return {"momentum_buffer": torch.zeros_like(p, memory_format=torch.contiguous_format)}
@@ -457,11 +483,11 @@ class RowSparseAdamW(_RowSparseOptimizer):
     _state_keys = ("exp_avg", "exp_avg_sq", "step")
 
     def __init__(self, params: Iterable[Tensor], lr: float, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 5e-4) -> None:
+                 eps: float = 1e-8, weight_decay: float = 5e-4, *, tactic: Tactic = "auto") -> None:
         if not (lr >= 0.0 and eps >= 0.0 and weight_decay >= 0.0 and all(0.0 <= b < 1.0 for b in betas)):
             raise ValueError(f"RowSparseAdamW: lr={lr} eps={eps} weight_decay={weight_decay} betas={betas}; "
                              f"need lr, eps, weight_decay >= 0 and betas in [0, 1)")
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay), tactic)
 
     def _init_state(self, p: Tensor) -> dict[str, Tensor]:
         return {
@@ -486,10 +512,10 @@ class RowSparseAdamW(_RowSparseOptimizer):
 
 
 _HEAD_OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
-    "sgd": lambda params, lr, momentum, weight_decay, betas, eps: RowSparseSGD(
-        params, lr=lr, momentum=momentum, weight_decay=weight_decay),
-    "adamw": lambda params, lr, momentum, weight_decay, betas, eps: RowSparseAdamW(
-        params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay),
+    "sgd": lambda params, lr, momentum, weight_decay, betas, eps, tactic: RowSparseSGD(
+        params, lr=lr, momentum=momentum, weight_decay=weight_decay, tactic=tactic),
+    "adamw": lambda params, lr, momentum, weight_decay, betas, eps, tactic: RowSparseAdamW(
+        params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, tactic=tactic),
 }
 
 
@@ -498,9 +524,9 @@ def build_head_optimizer(pfc: PartialFC, name: Literal["sgd", "adamw"], lr: floa
                          eps: float = 1e-8) -> torch.optim.Optimizer:
     """Row-sparse optimizer over ``pfc.weight``: ``RowSparseSGD`` (``"sgd"``) or ``RowSparseAdamW`` (``"adamw"``).
 
-    ``state[pfc.weight]`` holds tensors whose first dimension is ``pfc.num_local``. Raises ``ValueError``
-    for an unknown name.
+    ``state[pfc.weight]`` holds tensors whose first dimension is ``pfc.num_local``; the optimizer takes the
+    head's tactic. Raises ``ValueError`` for an unknown name.
     """
     if name not in _HEAD_OPTIMIZERS:
         raise ValueError(f"build_head_optimizer: unknown optimizer {name!r}; expected one of {sorted(_HEAD_OPTIMIZERS)}")
-    return _HEAD_OPTIMIZERS[name]([pfc.weight], lr, momentum, weight_decay, betas, eps)
+    return _HEAD_OPTIMIZERS[name]([pfc.weight], lr, momentum, weight_decay, betas, eps, pfc.tactic)

@@ -19,7 +19,6 @@ medians over ``--repeats`` steps after ``--warmup`` untimed ones, with (min, max
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import queue as queue_module
 import socket
@@ -38,6 +37,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 from bench.common import Timing, current_rss_bytes, markdown_table, peak_rss_bytes, time_call, write_json  # noqa: E402
+from utils.cpu_memory import keep_freed_memory, trim_heap  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class PeakMemory:
             torch.cuda.reset_peak_memory_stats(self.device)
             self.baseline = torch.cuda.memory_allocated(self.device)
             return
-        _trim_heap()
+        trim_heap()
         self.baseline = current_rss_bytes()
         try:
             with open("/proc/self/clear_refs", "w") as f:
@@ -91,20 +91,6 @@ class PeakMemory:
             torch.cuda.synchronize(self.device)
             return torch.cuda.max_memory_allocated(self.device) - self.baseline
         return (_vm_hwm_bytes() if self.hwm_reset else peak_rss_bytes()) - self.baseline
-
-
-def _trim_heap() -> None:
-    """Give freed heap memory back to the OS (glibc ``malloc_trim``) so it is not counted as the baseline.
-
-    Without it, memory freed by earlier work in the process but kept by malloc would be reused by the
-    measured code without raising the RSS, hiding part of its peak.
-    """
-    try:
-        libc = ctypes.CDLL(None)
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):
-        return  # not glibc: nothing to trim, the baseline is what the allocator holds
-    trim(0)
 
 
 def _vm_hwm_bytes() -> int:
@@ -131,12 +117,14 @@ def head_rank(rank: int, world_size: int, cfg: HeadConfig) -> dict[str, Any]:
     ``num_local``, ``num_sampled`` (rows in the step's matrix products), ``batch_global``.
     """
     from losses import ArcFace
-    from partial_fc import PartialFC, build_head_optimizer, class_partition
+    from partial_fc import PartialFC, build_head_optimizer, class_partition, sample_size
 
     torch.set_num_threads(cfg.threads)
     device = torch.device(cfg.device, rank) if cfg.device == "cuda" else torch.device(cfg.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    else:
+        keep_freed_memory()  # as train.py on the CPU
     torch.manual_seed(cfg.seed)  # the same per-step sampling seed on every rank, as in training
     gen = torch.Generator().manual_seed(cfg.seed * 1009 + rank)
     D, B = cfg.embedding_size, cfg.batch_size
@@ -150,15 +138,15 @@ def head_rank(rank: int, world_size: int, cfg: HeadConfig) -> dict[str, Any]:
     # for its backbone; the figure below is the head's own memory.
     tiny = PartialFC(ArcFace(), D, 4 * world_size, cfg.sample_rate, seed=cfg.seed).to(device)
     tiny_opt = build_head_optimizer(tiny, cfg.optimizer, lr=0.1, momentum=0.9, weight_decay=5e-4)
-    tiny(embeddings.float(), label_sets[0] % (4 * world_size)).backward()
+    tiny(embeddings, label_sets[0] % (4 * world_size)).backward()
     tiny_opt.step()
     embeddings.grad = None
     del tiny, tiny_opt
 
     # The floor's operands are allocated before the peak measurement starts, so they count as baseline.
     _, num_local = class_partition(cfg.num_classes, world_size, rank)
-    num_sampled = int(cfg.sample_rate * num_local) if cfg.sample_rate < 1.0 else num_local
     n = B * world_size
+    num_sampled = sample_size(num_local, cfg.sample_rate, n)
     if cfg.floor:
         e = torch.randn(n, D, generator=gen).to(device)  # (B_global, D)
         w = torch.randn(num_sampled, D, generator=gen).to(device)  # (C_s, D)
@@ -173,24 +161,19 @@ def head_rank(rank: int, world_size: int, cfg: HeadConfig) -> dict[str, Any]:
     with measure_peak(device) as meter:
         head = PartialFC(ArcFace(), D, cfg.num_classes, cfg.sample_rate, seed=cfg.seed).to(device)
         opt = build_head_optimizer(head, cfg.optimizer, lr=0.1, momentum=0.9, weight_decay=5e-4)
-        # Disabled, as train.py's for fp32: scale() and step() pass through, as in a real step.
-        scaler = torch.amp.GradScaler(device.type, enabled=False)
         calls = [0]
 
         def step() -> None:
             labels = label_sets[calls[0] % len(label_sets)]
             calls[0] += 1
-            loss = head(embeddings.float(), labels)
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
+            head(embeddings, labels).backward()
+            opt.step()
             opt.zero_grad(set_to_none=True)
             embeddings.grad = None  # the backbone optimizer's zero_grad(set_to_none=True)
 
         dist.barrier()
         # The peak covers construction and the warm-up steps (at least two: the second is the steady
-        # state, with the buffers the head keeps between steps); the floor's products run after it, so
-        # their own work memory is not counted.
+        # state); the floor's products run after it, so their own work memory is not counted.
         for _ in range(max(cfg.warmup, 2)):
             step()
         peak = meter.peak()
@@ -199,7 +182,7 @@ def head_rank(rank: int, world_size: int, cfg: HeadConfig) -> dict[str, Any]:
     for _ in range(cfg.repeats):
         steps.append(time_call(step, repeats=1, warmup=0, sync=sync).median)
         floors.append(time_call(floor, repeats=1, warmup=0, sync=sync).median if cfg.floor else 0.0)
-    assert (head.num_local, head.num_sample if cfg.sample_rate < 1.0 else head.num_local) == (num_local, num_sampled)
+    assert head.num_local == num_local, (head.num_local, num_local)
     out: dict[str, Any] = {"step": _timing(steps), "peak_mem_bytes": peak, "shard_bytes": num_local * D * 4,
                            "num_local": num_local, "num_sampled": num_sampled, "batch_global": n}
     if cfg.floor:

@@ -8,17 +8,18 @@ the rank with the largest shard (rank 0), with ``L = num_local``, ``C = sampled 
 ``sample_rate = 1``), ``N = batch_size · gpus`` (the gathered batch) and fp32 weights:
 
 * persistent: ``weight (L, D)``; optimizer state (SGD ``momentum_buffer (L, D)``; AdamW ``exp_avg``,
-  ``exp_avg_sq (L, D)`` and ``step (L,)``); the head's workspace keeps between steps the gathered rows
-  ``(C, D)`` (overwritten by their gradient, then the values of the sparse gradient) or, at
-  ``sample_rate = 1``, the dense gradient ``(L, D)``, and the cosines ``(N, C)`` fp32.
-* forward: sampling ``mask (L,)`` bool and ``randperm (L,)`` int64, index ``(C,)`` int64 three times
-  (cat, sort values, sort order); the margin's scaled logits ``(N, C)``.
+  ``exp_avg_sq (L, D)`` and ``step (L,)``). Nothing else is kept between steps.
+* sampling (``sample_rate < 1``, before the products): class ids, their hash keys and two temporaries of
+  the hash ``(L,)`` int64, the top-k values and indices and the sorted index ``(C,)`` int64.
+* forward: the gathered rows ``(C, D)`` (at ``sample_rate = 1`` the weight itself), the cosines and the
+  margin's scaled logits ``(N, C)`` fp32. Under bf16 autocast the products add bf16 copies (rows
+  ``(C, D)``, embeddings, cosines ``(N, C)``).
 * backward: the cross-entropy writes its gradient over the logits; the margin's backward returns a fresh
-  ``(N, C)`` while its input gradient is alive, so three ``(N, C)`` fp32 buffers (cosines, logits,
-  margin gradient) coexist; the gradient rows are written over the gathered rows in fp32.
-  Under bf16 autocast the products add bf16 copies (rows ``(C, D)``, cosines ``(N, C)``) and the weight
-  gradient is a fresh fp32 ``(C, D)`` instead of reusing the rows.
-* optimizer: row chunks of ``_ROW_CHUNK`` rows: SGD 3 ``(chunk, D)`` work buffers, AdamW 5 plus 2 temporaries.
+  ``(N, C)`` while its input gradient is alive, so three ``(N, C)`` fp32 tensors (cosines, logits, margin
+  gradient) coexist; the weight gradient is written over the gathered rows (sampled, fp32), or is a fresh
+  ``(L, D)`` (dense) or ``(C, D)`` (bf16) tensor that lives until the optimizer has used it.
+* optimizer: with the ``row_blocks`` tactic, chunks of ``ROW_CHUNK`` rows: SGD 3 ``(chunk, D)`` work
+  buffers, AdamW 5 plus 2 temporaries; the gradient is alive.
 * communication: the gathered embeddings ``(N, D)`` and their normalised copy, the embedding gradient
   ``(N, D)`` and the reduce-scatter output ``(B, D)``.
 
@@ -36,7 +37,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import markdown_table, write_json  # noqa: E402
-from partial_fc import _ROW_CHUNK, class_partition  # noqa: E402
+from partial_fc import ROW_CHUNK, class_partition, sample_size  # noqa: E402
 
 FP32, BF16, INT64 = 4, 2, 8
 
@@ -69,29 +70,30 @@ def predict(num_classes: int, world_size: int, sample_rate: float, embedding_siz
     D, B = embedding_size, batch_size
     N = B * world_size
     sampled = sample_rate < 1.0
-    # Every class of the global batch is kept, so at least min(N, L) rows.
-    C = max(int(sample_rate * L), min(N, L)) if sampled else L
+    C = sample_size(L, sample_rate, N)
     bf16 = dtype == "bf16"
     weights = L * D * FP32
     state = L * D * FP32 if optimizer == "sgd" else 2 * L * D * FP32 + L * FP32
-    # Sampled: gathered rows that become their gradient in place; dense: the workspace's (L, D) gradient.
-    rows = C * D * FP32
-    rows_bwd_extra = (C * D * FP32 + 2 * C * D * BF16) if bf16 else 0  # fresh fp32 values + bf16 operands
+    rows = C * D * FP32 if sampled else 0  # the gathered rows, later the sparse gradient's values
+    # The weight gradient beside the rows: dense (L, D), or fresh fp32 values under bf16 (+ bf16 operands).
+    grad = 0 if sampled and not bf16 else (L if not sampled else C) * D * FP32
+    bf16_operands = (C * D + N * D) * BF16 if bf16 else 0
     logits_one = N * C * FP32
     logits_fwd = 2 * logits_one + (N * C * BF16 if bf16 else 0)  # cosines + margin output (+ bf16 product)
-    logits_bwd = 3 * logits_one + (N * C * BF16 if bf16 else 0)  # + margin gradient (+ bf16 scaled)
+    logits_bwd = 3 * logits_one + (N * C * BF16 if bf16 else 0)  # + margin gradient (+ bf16 G)
     comm = 3 * N * D * FP32 + B * D * FP32
-    sampling = (L * 1 + L * INT64 + 3 * C * INT64) if sampled else 0
-    chunk = min(_ROW_CHUNK, C)
+    sampling = (4 * L * INT64 + 3 * C * INT64) if sampled else 0
+    chunk = min(ROW_CHUNK, C)
     opt_work = chunk * D * FP32 * (3 if optimizer == "sgd" else 7)
-    persistent = weights + state + rows + logits_one  # the workspace keeps rows and cosines between steps
+    persistent = weights + state
     phases = {
-        "forward": persistent + sampling + (logits_fwd - logits_one) + comm,
-        "backward": persistent + (logits_bwd - logits_one) + rows_bwd_extra + comm,
-        "optimizer": persistent + opt_work + (C * D * FP32 if bf16 and sampled else 0),
+        "sampling": persistent + sampling,
+        "forward": persistent + rows + bf16_operands + logits_fwd + comm,
+        "backward": persistent + rows + bf16_operands + grad + logits_bwd + comm,
+        "optimizer": persistent + rows + grad + opt_work,
     }
     components = {
-        "weights": weights, "optimizer_state": state, "sampled_rows_and_grad": rows + rows_bwd_extra,
+        "weights": weights, "optimizer_state": state, "sampled_rows_and_grad": rows + grad + bf16_operands,
         "logits_and_grad": logits_bwd, "communication": comm, "sampling_index": sampling, "optimizer_work": opt_work,
     }
     peak = max(phases.values())

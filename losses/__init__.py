@@ -71,38 +71,42 @@ class _MarginFunction(torch.autograd.Function):
 
     Forward: ``out = s·cos`` except ``out[i, y_i] = s·(cos(m1θ + m2) − m3)`` and filtered entries 0.
     Backward: ``∂out/∂cos = s`` (0 where filtered); on targets ``s·factor`` in exact mode.
+    Target entries are read and written with gather/scatter over every row (a row whose target is -1
+    reads column 0 and writes back what is there), so nothing depends on how many rows have a target
+    here: no host synchronisation and a fixed number of operations on any device.
     """
 
     @staticmethod
     def forward(ctx, cos: Tensor, labels: Tensor, s: float, m1: float, m2: float, m3: float,
                 threshold: float, exact: bool) -> Tensor:
-        rows = torch.nonzero(labels != -1).view(-1)  # (P,)
-        cols = labels[rows]  # (P,)
+        has = (labels != -1)[:, None]  # (B, 1)
+        col = labels.clamp_min(0)[:, None]  # (B, 1)
         work_dtype = torch.promote_types(cos.dtype, torch.float32)
-        x_t = cos[rows, cols].to(work_dtype)  # (P,)
+        x_t = cos.gather(1, col).to(work_dtype)  # (B, 1)
         if threshold > 0:
             keep = cos <= threshold  # (B, C) bool
-            keep[rows, cols] = True
+            keep.scatter_(1, col, keep.gather(1, col) | has)
             out = cos.masked_fill(~keep, 0.0).mul_(s)  # (B, C)
         else:
             keep = None
             out = cos * s  # (B, C)
-        out[rows, cols] = (_target_margin(x_t, m1, m2, m3) * s).to(out.dtype)
+        target = (_target_margin(x_t, m1, m2, m3) * s).to(out.dtype)  # (B, 1)
+        out.scatter_(1, col, torch.where(has, target, out.gather(1, col)))
         ctx.s = s
         ctx.exact = exact and not (m1 == 1.0 and m2 == 0.0)
         ctx.m1, ctx.m2 = m1, m2
-        ctx.save_for_backward(rows, cols, x_t, keep)
+        ctx.save_for_backward(has, col, x_t, keep)
         return out
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
-        rows, cols, x_t, keep = ctx.saved_tensors
+        has, col, x_t, keep = ctx.saved_tensors
         grad = grad_out * ctx.s  # (B, C)
         if keep is not None:
             grad.masked_fill_(~keep, 0.0)
         if ctx.exact:
-            factor = _exact_factor(x_t, ctx.m1, ctx.m2)  # (P,)
-            grad[rows, cols] = (grad[rows, cols].to(factor.dtype) * factor).to(grad.dtype)
+            factor = torch.where(has, _exact_factor(x_t, ctx.m1, ctx.m2), 1.0)  # (B, 1)
+            grad.scatter_(1, col, (grad.gather(1, col).to(factor.dtype) * factor).to(grad.dtype))
         return grad, None, None, None, None, None, None, None
 
 
@@ -151,7 +155,10 @@ class CombinedMarginLoss(nn.Module):
                 f"interclass_filtering_threshold={self.interclass_filtering_threshold}, gradient={self.gradient!r}")
 
     def forward(self, logits: Tensor, labels: Tensor) -> Tensor:
-        """Scaled logits ``(B, C)`` from cosines ``logits (B, C)`` and ``labels (B,)``/``(B, 1)`` (-1 = absent)."""
+        """Scaled logits ``(B, C)`` from cosines ``logits (B, C)`` and ``labels (B,)``/``(B, 1)`` (-1 = absent).
+
+        Checks shapes, dtype and the label range (reading the labels on the host), then ``apply_margin``.
+        """
         if logits.dim() != 2:
             raise ValueError(f"CombinedMarginLoss: cosines must be (B, C), got shape {tuple(logits.shape)}")
         labels = labels.reshape(-1)
@@ -163,6 +170,14 @@ class CombinedMarginLoss(nn.Module):
         if bool(bad.any()):
             raise ValueError(f"CombinedMarginLoss: label {int(labels[bad][0])} is outside [-1, {logits.shape[1]}) "
                              f"(-1 = target not in these {logits.shape[1]} columns)")
+        return self.apply_margin(logits, labels)
+
+    def apply_margin(self, logits: Tensor, labels: Tensor) -> Tensor:
+        """``forward`` without the checks, for callers that built ``labels (B,) int64`` in range themselves.
+
+        ``partial_fc.PartialFC`` calls this: it has validated every rank's labels already, and the range
+        check would cost a host-device synchronisation per step on an accelerator.
+        """
         return _MarginFunction.apply(logits, labels, self.s, self.m1, self.m2, self.m3,
                                      self.interclass_filtering_threshold, self.gradient == "exact")
 

@@ -21,14 +21,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Literal
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 __all__ = [
-    "all_gather", "all_gather_cat", "all_gather_sizes", "all_reduce", "barrier", "get_rank", "get_world_size",
-    "is_distributed", "sharded_cross_entropy",
+    "all_gather", "all_gather_cat", "all_gather_sizes", "all_reduce", "barrier", "broadcast_ints", "get_rank",
+    "get_world_size", "to_host",
+    "is_distributed", "resolve_tactic", "rows_per_block", "sharded_cross_entropy", "Tactic", "TACTICS",
 ]
 
 logger = logging.getLogger(__name__)
@@ -62,19 +64,41 @@ def all_reduce(tensor: Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) 
     return tensor
 
 
-def all_gather_sizes(counts: Sequence[int], device: torch.device | str) -> Tensor:
-    """Gather a few integers per rank: returns an int64 ``(W, len(counts))`` tensor on the CPU.
+def broadcast_ints(values: Sequence[int], device: torch.device | str) -> list[int]:
+    """Rank 0's ``values`` on every rank (each rank passes a list of the same length); a decision that every
+    rank must take the same way. The identity without a process group."""
+    if get_world_size() == 1:
+        return list(values)
+    tensor = torch.tensor(list(values), dtype=torch.int64).to(device)  # (k,)
+    dist.broadcast(tensor, src=0)
+    return to_host(tensor)
 
-    ``counts`` must have the same length on every rank. Used to learn each rank's batch size before a
-    gather of tensors whose first dimension differs between ranks.
+
+def to_host(tensor: Tensor) -> list:
+    """``tensor.tolist()``. On an accelerator, reading a tensor on the host waits for every queued kernel:
+    a host-device synchronisation. The training step reads the device only through here, so that its
+    synchronisations are few, named, and counted by the tests."""
+    return tensor.tolist()
+
+
+def all_gather_sizes(counts: Sequence[int] | Tensor, device: torch.device | str) -> list[list[int]]:
+    """Gather a few integers per rank: returns ``W`` lists of ``len(counts)`` ints, in rank order, on the host.
+
+    ``counts`` (host integers, or an int64 tensor already on ``device``) must have the same length on
+    every rank. Used to learn each rank's batch size before a gather of tensors whose first dimension
+    differs between ranks. Reading the result is one host-device synchronisation (``to_host``); host
+    integers travel to the device without one (``non_blocking``).
     """
-    local = torch.tensor(list(counts), dtype=torch.int64, device=device)  # (k,)
+    if isinstance(counts, Tensor):
+        local = counts.reshape(-1)  # (k,)
+    else:
+        local = torch.tensor(list(counts), dtype=torch.int64).to(device, non_blocking=True)  # (k,)
     world = get_world_size()
     if world == 1:
-        return local.view(1, -1).cpu()
+        return [to_host(local)]
     out = torch.empty(world * local.numel(), dtype=torch.int64, device=device)  # (W*k,)
-    dist.all_gather_single(out, local)
-    return out.view(world, -1).cpu()
+    dist.all_gather_into_tensor(out, local)
+    return to_host(out.view(world, -1))
 
 
 class _AllGatherCat(torch.autograd.Function):
@@ -84,8 +108,8 @@ class _AllGatherCat(torch.autograd.Function):
     output ``(N, *S)`` with ``N = Σ_r n_r``, identical on every rank.
     Forward: ``y = cat(x_0, …, x_{W-1})`` (padded to ``max n_r`` for the collective, then trimmed).
     Backward: ``∂L/∂x_r = grad_scale · Σ_q (∂L_q/∂y)[offset_r : offset_r + n_r]`` where ``∂L_q/∂y`` is
-    the gradient arriving on rank q: a reduce-scatter(sum), the dual of the gather. gloo in torch 2.14
-    implements ``reduce_scatter_single`` on CPU (earlier releases did not); padded rows cost
+    the gradient arriving on rank q: a reduce-scatter(sum), the dual of the gather (NCCL has it; gloo
+    on the CPU since torch 2.14, the release CI pins). Padded rows cost
     ``(max n_r − n_r)·|S|`` extra bytes per rank when sizes differ. ``grad_scale`` compensates DDP's
     averaging (module docstring).
     """
@@ -100,7 +124,7 @@ class _AllGatherCat(torch.autograd.Function):
         if x.shape[0] < longest:
             x = torch.cat([x, x.new_zeros((longest - x.shape[0], *x.shape[1:]))])  # (max n, *S)
         gathered = x.new_empty((world * longest, *x.shape[1:]))  # (W·max n, *S)
-        dist.all_gather_single(gathered, x)
+        dist.all_gather_into_tensor(gathered, x)
         if all(n == longest for n in sizes):
             return gathered
         return torch.cat([gathered[r * longest: r * longest + n] for r, n in enumerate(sizes)])  # (N, *S)
@@ -118,7 +142,7 @@ class _AllGatherCat(torch.autograd.Function):
                 offset += n
             grad = padded
         out = grad.new_empty((longest, *grad.shape[1:]))  # (max n, *S)
-        dist.reduce_scatter_single(out, grad)
+        dist.reduce_scatter_tensor(out, grad)
         out = out[: sizes[rank]]  # (n_rank, *S)
         if ctx.grad_scale != 1.0:
             out.mul_(ctx.grad_scale)
@@ -134,7 +158,7 @@ def all_gather_cat(tensor: Tensor, grad_scale: float = 1.0, sizes: Sequence[int]
     """
     world = get_world_size()
     if sizes is None:
-        sizes = all_gather_sizes([tensor.shape[0]], tensor.device)[:, 0].tolist() if world > 1 else [tensor.shape[0]]
+        sizes = [n for n, in all_gather_sizes([tensor.shape[0]], tensor.device)] if world > 1 else [tensor.shape[0]]
     if world == 1:
         return _ScaleGrad.apply(tensor, grad_scale) if grad_scale != 1.0 else tensor
     return _AllGatherCat.apply(tensor, tuple(int(n) for n in sizes), float(grad_scale))
@@ -149,7 +173,7 @@ def all_gather(tensor: Tensor) -> list[Tensor]:
     world = get_world_size()
     if world == 1:
         return [tensor]
-    sizes = all_gather_sizes([tensor.shape[0]], tensor.device)[:, 0].tolist()
+    sizes = [n for n, in all_gather_sizes([tensor.shape[0]], tensor.device)]
     return list(torch.split(all_gather_cat(tensor, sizes=sizes), sizes))
 
 
@@ -166,6 +190,33 @@ class _ScaleGrad(torch.autograd.Function):
         return grad * ctx.scale, None
 
 
+Tactic = Literal["auto", "row_blocks", "fixed_ops"]
+TACTICS = ("auto", "row_blocks", "fixed_ops")
+
+
+def resolve_tactic(tactic: Tactic, device: torch.device | str) -> Literal["row_blocks", "fixed_ops"]:
+    """How the head's large element-wise passes are laid out on ``device``.
+
+    ``"row_blocks"`` (the CPU's): passes over a ``(B, C)`` tensor run on blocks of rows of ~1 MiB, so that
+    several passes reuse a block while it is in cache. ``"fixed_ops"`` (accelerators'): every pass is one
+    operation on the whole tensor, so a step is a fixed number of kernel launches whatever B and C are
+    (thousands of tiny blocks would leave a GPU idle between launches). ``"auto"`` picks ``"row_blocks"``
+    on the CPU and ``"fixed_ops"`` elsewhere. Both give the same values.
+    """
+    if tactic not in TACTICS:
+        raise ValueError(f"tactic={tactic!r} is unknown; expected one of {TACTICS}")
+    if tactic != "auto":
+        return tactic
+    return "row_blocks" if torch.device(device).type == "cpu" else "fixed_ops"
+
+
+def rows_per_block(columns: int, rows: int, tactic: Literal["row_blocks", "fixed_ops"]) -> int:
+    """Rows per block of a ``(rows, columns)`` fp32 pass: ~1 MiB blocks for ``row_blocks``, all rows otherwise."""
+    if tactic == "fixed_ops":
+        return max(rows, 1)
+    return max(1, (1 << 18) // max(columns, 1))
+
+
 class _ShardedCrossEntropy(torch.autograd.Function):
     """Mean softmax cross-entropy over classes sharded across ranks, in log space.
 
@@ -177,60 +228,62 @@ class _ShardedCrossEntropy(torch.autograd.Function):
     probability is clamped, so the loss is exact however large (insightface clamps at 1e-30, which caps a
     sample's loss at 69.08 and zeroes its gradient).
     Backward: ``∂loss/∂z_ij = (exp(z_ij − m_i)/S_i − [j = y_i]) / B``, written into the ``logits``
-    tensor in place (pass a temporary; the backward can run once). No rescaling: each rank's gradient is the exact
-    partial derivative for its own columns.
+    tensor in place (pass a temporary; the backward can run once). No rescaling: each rank's gradient is
+    the exact partial derivative for its own columns.
+    The target column is read and written with gather/scatter over every row (rows whose class is
+    elsewhere read column 0 and contribute 0), so no step depends on how many rows are local: no host
+    synchronisation, and a fixed number of operations with the ``fixed_ops`` tactic.
     """
 
     @staticmethod
-    def forward(ctx, logits: Tensor, target: Tensor) -> Tensor:
+    def forward(ctx, logits: Tensor, target: Tensor, tactic: str) -> Tensor:
         batch, classes = logits.shape
         if classes > 0:
             row_max = torch.amax(logits, dim=1)  # (B,) amax: max(dim) also computes the arg max, ~2x slower
         else:
             row_max = logits.new_full((batch,), float("-inf"))  # (B,)
         all_reduce(row_max, dist.ReduceOp.MAX)
-        rows = torch.nonzero(target != -1).view(-1)  # (P,)
-        cols = target[rows]  # (P,)
+        here = target >= 0  # (B,) the class is one of this rank's columns
+        col = target.clamp(0, max(classes - 1, 0))[:, None]  # (B, 1)
         stats = logits.new_zeros((2, batch))  # (2, B): Σ exp, target logit
-        step = _row_block(classes)
+        step = rows_per_block(classes, batch, tactic)
         for start in range(0, batch, step):
             block = logits[start: start + step] - row_max[start: start + step, None]  # (step, C_r)
             stats[0, start: start + step] = block.exp_().sum(dim=1)
-        stats[1].index_put_((rows,), logits[rows, cols])
+        if classes > 0:
+            stats[1] = torch.where(here, logits.gather(1, col)[:, 0], 0.0)
         all_reduce(stats)
         sum_exp, target_logit = stats[0], stats[1]
         loss = (torch.log(sum_exp) + row_max - target_logit).mean()
-        ctx.save_for_backward(logits, row_max, sum_exp, rows, cols)
+        ctx.tactic = tactic
+        ctx.save_for_backward(logits, row_max, sum_exp, here, col)
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor):
-        logits, row_max, sum_exp, rows, cols = ctx.saved_tensors
+        logits, row_max, sum_exp, here, col = ctx.saved_tensors
         # The logits are a temporary of the head (the margin's output): overwrite them with the gradient.
         # A second backward through this graph fails autograd's version check instead of reading garbage.
         grad = logits  # (B, C_r)
         scale = grad_loss / grad.shape[0]
         coef = scale / sum_exp  # (B,)
-        step = _row_block(grad.shape[1])
+        step = rows_per_block(grad.shape[1], grad.shape[0], ctx.tactic)
         for start in range(0, grad.shape[0], step):  # three operations per block while it is in cache
             block = grad[start: start + step]  # (step, C_r)
             block.sub_(row_max[start: start + step, None]).exp_().mul_(coef[start: start + step, None])
-        grad.index_put_((rows, cols), -scale.expand(rows.shape[0]), accumulate=True)
-        return grad, None
+        if grad.shape[1] > 0:
+            grad.scatter_add_(1, col, torch.where(here, -scale, 0.0)[:, None].to(grad.dtype))
+        return grad, None, None
 
 
-def _row_block(classes: int) -> int:
-    """Rows per ~1 MiB block of fp32 logits: the exponentials need no (B, C) temporary and stay in cache."""
-    return max(1, (1 << 18) // max(classes, 1))
-
-
-def sharded_cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
+def sharded_cross_entropy(logits: Tensor, target: Tensor, tactic: Tactic = "auto") -> Tensor:
     """Mean cross-entropy of ``logits (B, C_local)`` whose classes are sharded over ranks.
 
     ``target (B,)`` holds each row's local column or -1 where another rank owns the class; every rank
     must pass the same B rows. Returns the same fp32 scalar on every rank (see ``_ShardedCrossEntropy``).
-    ``logits`` is overwritten by its gradient during backward: pass a temporary.
+    ``logits`` is overwritten by its gradient during backward: pass a temporary. ``tactic``: see
+    ``resolve_tactic`` (the default follows the logits' device).
     """
     if logits.shape[0] == 0:
         raise ValueError("sharded_cross_entropy: the batch is empty (0 rows); the mean loss is undefined")
-    return _ShardedCrossEntropy.apply(logits.float(), target)
+    return _ShardedCrossEntropy.apply(logits.float(), target, resolve_tactic(tactic, logits.device))
