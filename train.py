@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import math
+import inspect
 import os
 import sys
 import time
@@ -35,6 +35,9 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from utils.cpu_memory import keep_freed_memory
+from utils.precision import LossScaler, configure_tf32
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -68,9 +71,11 @@ def init_distributed(device: torch.device, timeout_minutes: float) -> None:
         return
     backend = "nccl" if device.type == "cuda" else "gloo"
     timeout = datetime.timedelta(minutes=timeout_minutes)
+    # NCCL binds the group to this rank's GPU at once (no guessing of the device at the first collective).
+    bound = {"device_id": device} if device.type == "cuda" else {}
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
     if attempt is None:
-        dist.init_process_group(backend=backend, init_method="env://", timeout=timeout)
+        dist.init_process_group(backend=backend, init_method="env://", timeout=timeout, **bound)
         return
     # Under torchrun the store can outlive a restart (the agent's store serves every round). A restarted
     # group that reads the previous round's keys makes gloo connect to the dead ranks' addresses and fail,
@@ -80,7 +85,7 @@ def init_distributed(device: torch.device, timeout_minutes: float) -> None:
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     store = dist.TCPStore(host, port, world_size, is_master=rank == 0 and not agent_store, timeout=timeout)
     dist.init_process_group(backend=backend, store=dist.PrefixStore(f"facetrain/attempt_{attempt}", store),
-                            rank=rank, world_size=world_size, timeout=timeout)
+                            rank=rank, world_size=world_size, timeout=timeout, **bound)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -111,7 +116,7 @@ class Job:
     head: nn.Module
     opt_backbone: torch.optim.Optimizer
     opt_head: torch.optim.Optimizer
-    scaler: torch.amp.GradScaler
+    scaler: Any  # utils.precision.LossScaler
     autocast_dtype: torch.dtype | None
     loader: Any
     logger: Any
@@ -137,6 +142,19 @@ def build_model(cfg, device: torch.device) -> nn.Module:
     return model
 
 
+def wrap_ddp(model: nn.Module, device: torch.device) -> nn.parallel.DistributedDataParallel:
+    """DDP over ``model``: gradients live in DDP's buckets (no second copy), and each rank keeps its own
+    batch-norm running statistics between steps, as the reference does (rank 0's are saved)."""
+    kwargs: dict[str, Any] = {"device_ids": [device.index] if device.type == "cuda" else None,
+                              "gradient_as_bucket_view": True}
+    # torch 2.14 renamed broadcast_buffers (now deprecated, with a warning); earlier releases know only it.
+    if "forward_sync_buffers" in inspect.signature(nn.parallel.DistributedDataParallel.__init__).parameters:
+        kwargs["forward_sync_buffers"] = False
+    else:
+        kwargs["broadcast_buffers"] = False
+    return nn.parallel.DistributedDataParallel(model, **kwargs)
+
+
 def build_optimizer(name: str, params, lr: float, momentum: float, weight_decay: float) -> torch.optim.Optimizer:
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
@@ -154,12 +172,13 @@ def build(cfg, rank: int, world_size: int, device: torch.device, logger) -> Job:
     model = build_model(cfg, device)
     backbone: nn.Module = model
     if world_size > 1:
-        backbone = nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
+        backbone = wrap_ddp(model, device)
         if cfg.fp16:
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
             backbone.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    if cfg.compile:
+        backbone = torch.compile(backbone)
 
     m1, m2, m3 = cfg.margin_list
     margin = CombinedMarginLoss(cfg.margin_scale, m1, m2, m3, cfg.interclass_filtering_threshold,
@@ -169,7 +188,8 @@ def build(cfg, rank: int, world_size: int, device: torch.device, logger) -> Job:
     opt_backbone = build_optimizer(cfg.optimizer, model.parameters(), cfg.lr, cfg.momentum, cfg.weight_decay)
     opt_head = build_head_optimizer(head, cfg.optimizer, lr=cfg.lr, momentum=cfg.momentum,
                                     weight_decay=cfg.weight_decay)
-    scaler = torch.amp.GradScaler(device.type, enabled=cfg.fp16)
+    scaler = LossScaler(enabled=cfg.fp16)
+    configure_tf32(device, cfg.tf32)
     autocast_dtype = torch.float16 if cfg.fp16 else torch.bfloat16 if cfg.bf16 else None
 
     if cfg.dali:
@@ -197,7 +217,8 @@ def build(cfg, rank: int, world_size: int, device: torch.device, logger) -> Job:
     if cfg.val_targets and cfg.rec != "synthetic":
         from eval.callback import CallbackVerification
 
-        callback = CallbackVerification(list(cfg.val_targets), rec_prefix=cfg.rec, summary_writer=writer)
+        callback = CallbackVerification(list(cfg.val_targets), rec_prefix=cfg.rec, summary_writer=writer,
+                                        device=device)
     return Job(cfg=cfg, derived=derived, rank=rank, world_size=world_size, device=device, backbone=backbone,
                model=model, head=head, opt_backbone=opt_backbone, opt_head=opt_head, scaler=scaler,
                autocast_dtype=autocast_dtype, loader=loader, logger=logger, writer=writer, callback=callback,
@@ -231,6 +252,26 @@ def save(job: Job, state: TrainState) -> None:
         checkpoint.save_atomic(job.model.state_dict(), job.output / "model.pt")
 
 
+def resume_position(step: int, epoch: int, step_in_epoch: int, saved_world_size: int, world_size: int,
+                    steps_per_epoch: int, max_steps: int) -> tuple[int, int, int]:
+    """``(step, epoch, step_in_epoch)`` to continue from, in units of the new world size's optimizer steps.
+
+    On the same world size nothing changes. On another one a step holds ``world_size / saved_world_size``
+    times the samples: the position in the epoch keeps the samples consumed (rounded down, so a few are
+    seen again rather than skipped), and for an epoch-based run (``max_steps = 0``) the step counter is
+    recomputed from the epoch position, so the LR schedule continues at the same fraction of training and
+    the run still ends after the configured epochs. A step-based run (``max_steps > 0``) keeps its step.
+    """
+    if saved_world_size == world_size:
+        return step, epoch, step_in_epoch
+    step_in_epoch = step_in_epoch * saved_world_size // world_size
+    if step_in_epoch >= steps_per_epoch:
+        epoch, step_in_epoch = epoch + 1, 0
+    if max_steps == 0:
+        step = epoch * steps_per_epoch + step_in_epoch
+    return step, epoch, step_in_epoch
+
+
 def resume(job: Job, ckpt_dir: Path) -> TrainState:
     """Restore everything `save` wrote; the head rows are re-partitioned when the world size changed."""
     from utils import checkpoint
@@ -254,14 +295,10 @@ def resume(job: Job, ckpt_dir: Path) -> TrainState:
         torch.manual_seed(job.cfg.seed + 1_000_003 * common["step"] + job.rank)
         job.logger.info("world size changed %d -> %d: head re-partitioned, random streams re-seeded",
                         common["world_size"], job.world_size)
-    epoch, step_in_epoch = common["epoch"], common["step_in_epoch"]
-    if common["world_size"] != job.world_size:
-        # The position counts steps of the old global batch, and an epoch has a different number of steps now:
-        # keep the samples consumed in this epoch (rounded down: a few are seen again rather than skipped).
-        step_in_epoch = step_in_epoch * common["world_size"] // job.world_size
-        if step_in_epoch >= job.derived.steps_per_epoch:
-            epoch, step_in_epoch = epoch + 1, 0
-    state = TrainState(step=common["step"], epoch=epoch, step_in_epoch=step_in_epoch,
+    step, epoch, step_in_epoch = resume_position(common["step"], common["epoch"], common["step_in_epoch"],
+                                                 common["world_size"], job.world_size,
+                                                 job.derived.steps_per_epoch, job.cfg.max_steps)
+    state = TrainState(step=step, epoch=epoch, step_in_epoch=step_in_epoch,
                        skipped_steps=common["config"].get("skipped_steps", 0))
     job.logger.info("resumed from %s at step %d (epoch %d, step %d in epoch)", ckpt_dir, state.step,
                     state.epoch, state.step_in_epoch)
@@ -272,22 +309,64 @@ def resume(job: Job, ckpt_dir: Path) -> TrainState:
 # One optimizer step
 # ----------------------------------------------------------------------------------------------------------
 class NonFiniteLossError(RuntimeError):
-    """Raised after `max_nonfinite_steps` optimizer steps in a row had a non-finite loss."""
+    """Raised after `max_nonfinite_steps` optimizer steps in a row were skipped for non-finite values."""
 
 
-def optimizer_step(job: Job, state: TrainState, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
-    """Forward/backward over `gradient_acc` micro-batches, then one update of backbone and head.
+def _backbone_grads(job: Job) -> list[torch.Tensor]:
+    return [p.grad for p in job.model.parameters() if p.grad is not None]
+
+
+def _head_grad_values(job: Job) -> torch.Tensor | None:
+    """The head's gradient as a dense ``(rows, D)`` tensor: itself, or the values of the sparse gradient (which
+    is coalesced in place first, so that changing the values changes the gradient)."""
+    grad = job.head.weight.grad
+    if grad is None:
+        return None
+    if not grad.is_sparse:
+        return grad
+    if not grad.is_coalesced():  # a sum over micro-batches
+        job.head.weight.grad = grad = grad.coalesce()
+    return grad.values()
+
+
+def step_is_finite(job: Job, loss: torch.Tensor) -> tuple[bool, list[str], torch.Tensor]:
+    """One decision for both optimizers on every rank: are the loss, the backbone's and the head's gradients
+    finite everywhere? Returns ``(finite, what was not, the backbone's gradient norm)`` (the norm of the
+    gradients as they are: loss-scaled with fp16).
+
+    The backbone's gradients are equal on every rank after DDP's all-reduce, the loss is the global mean,
+    but the head's gradients are this rank's own: the three flags are all-reduced (MAX), so every rank
+    skips or steps together. Reading them is the one host-device synchronisation of the trainer's step.
+    """
+    from torch.nn.utils import get_total_norm
+
+    from utils.distributed import all_reduce, to_host
+
+    grads = _backbone_grads(job)
+    backbone = get_total_norm(grads) if grads else loss.new_zeros(())  # () of the scaled gradients
+    head = _head_grad_values(job)
+    head_sum = head.sum() if head is not None else loss.new_zeros(())  # () non-finite iff an entry is
+    flags = (~torch.isfinite(torch.stack([loss.float(), backbone.float(), head_sum.float()]))).float()  # (3,)
+    bad = to_host(all_reduce(flags, dist.ReduceOp.MAX))
+    names = [name for name, b in zip(("loss", "backbone gradients", "head gradients"), bad) if b]
+    return not names, names, backbone
+
+
+def optimizer_step(job: Job, state: TrainState,
+                   micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor | None:
+    """Forward/backward over `gradient_acc` micro-batches, then one update of backbone and head, or none.
 
     The loss of each micro-batch is divided by their number; DDP synchronises only on the last one
-    (`no_sync`). A non-finite loss skips the update: gradients are dropped, weights and optimizer state stay
-    as they were, and so do the batch-norm running statistics. Returns the mean loss (NaN when skipped).
+    (`no_sync`). If the loss or any gradient (backbone's or head's, on any rank) is not finite, both
+    optimizers skip the step: gradients are dropped, weights, optimizer state and batch-norm running
+    statistics stay as they were, and the fp16 loss scale backs off once. Returns the mean loss as a
+    device tensor (not read here: logging reads it every `frequent` steps), or None when skipped.
     """
     from utils.lr_scheduler import apply_lr, lr_at
+    from utils.precision import autocast
 
     cfg, d = job.cfg, job.derived
     apply_lr([job.opt_backbone, job.opt_head], lr_at(state.step, cfg.lr, d.warmup_steps, d.total_steps))
-    autocast = (torch.autocast(job.device.type, dtype=job.autocast_dtype) if job.autocast_dtype is not None
-                else nullcontext())
     # Batch-norm running statistics change in the forward pass itself; a skipped step must put them back, or
     # one NaN batch poisons every later evaluation and checkpoint. The copy is small (r100: ~0.2 MB).
     saved_buffers = [b.detach().clone() for b in job.model.buffers()]
@@ -298,39 +377,49 @@ def optimizer_step(job: Job, state: TrainState, micro_batches: list[tuple[torch.
         with sync:
             if cfg.channels_last:
                 images = images.contiguous(memory_format=torch.channels_last)
-            with autocast:
-                embeddings = job.backbone(images)  # (B, D)
-            loss = job.head(embeddings.float(), labels)
+            with autocast(job.device, job.autocast_dtype):
+                embeddings = job.backbone(images)  # (B, D) fp32: the backbones leave autocast for their tail
+                loss = job.head(embeddings, labels)  # () fp32
             # Backward runs even for a non-finite loss, so every rank's DDP reducer sees the same iteration;
             # the gradients are then dropped below. The loss is the global-batch mean: equal on every rank.
-            job.scaler.scale(loss / len(micro_batches)).backward()
+            job.scaler.scale_loss(loss / len(micro_batches)).backward()
         losses.append(loss.detach())
-    loss_value = float(torch.stack(losses).mean())
-    if math.isfinite(loss_value):
+    loss = torch.stack(losses).mean()  # ()
+    finite, bad, backbone_norm = step_is_finite(job, loss)
+    if finite:
         state.nonfinite_in_row = 0
-        if cfg.clip_grad_norm > 0:
-            job.scaler.unscale_(job.opt_backbone)
-            torch.nn.utils.clip_grad_norm_(job.model.parameters(), cfg.clip_grad_norm)
-        job.scaler.step(job.opt_backbone)
-        job.scaler.step(job.opt_head)
-        job.scaler.update()
+        grads = _backbone_grads(job)
+        inv_scale = 1.0 / job.scaler.scale
+        if job.scaler.is_enabled():  # unscale both: the updates, clipping and weight decay see true gradients
+            head = _head_grad_values(job)
+            for grad in grads + ([head] if head is not None else []):
+                grad.mul_(inv_scale)
+        if cfg.clip_grad_norm > 0 and grads:  # the backbone only, as the reference
+            params = [p for p in job.model.parameters() if p.grad is not None]
+            torch.nn.utils.clip_grads_with_norm_(params, cfg.clip_grad_norm, backbone_norm * inv_scale)
+        job.opt_backbone.step()
+        job.opt_head.step()
     else:
         state.nonfinite_in_row += 1
         state.skipped_steps += 1
         with torch.no_grad():
             for buffer, saved in zip(job.model.buffers(), saved_buffers):
                 buffer.copy_(saved)
-        job.logger.warning("step %d: loss is %s; update skipped (%d in a row, stop at %d)", state.step,
-                           loss_value, state.nonfinite_in_row, cfg.max_nonfinite_steps)
+        job.logger.warning("step %d: non-finite %s (loss %s); update of backbone and head skipped (%d in a row, "
+                           "stop at %d)%s", state.step, ", ".join(bad), float(loss), state.nonfinite_in_row,
+                           cfg.max_nonfinite_steps,
+                           f"; loss scale {job.scaler.scale:g} -> {job.scaler.scale * job.scaler.backoff_factor:g}"
+                           if job.scaler.is_enabled() else "")
+    job.scaler.update(skipped=not finite)
     job.opt_backbone.zero_grad(set_to_none=True)
     job.opt_head.zero_grad(set_to_none=True)
     if state.nonfinite_in_row >= cfg.max_nonfinite_steps:
         raise NonFiniteLossError(
-            f"the loss was not finite for {state.nonfinite_in_row} optimizer steps in a row (up to step "
-            f"{state.step}); stopping. Weights were not updated on those steps and the newest complete "
+            f"the loss or the gradients were not finite for {state.nonfinite_in_row} optimizer steps in a row (up "
+            f"to step {state.step}); stopping. Weights were not updated on those steps and the newest complete "
             f"checkpoint in {job.output / 'checkpoints'} is intact. Lower `lr`, check the data, or use fp16/bf16 "
             f"with care")
-    return loss_value
+    return loss if finite else None
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -338,23 +427,26 @@ def optimizer_step(job: Job, state: TrainState, micro_batches: list[tuple[torch.
 # ----------------------------------------------------------------------------------------------------------
 class Meter:
     """Running mean of the loss and throughput since the last log line (``steps`` counts skipped steps too:
-    their batches were read and computed)."""
+    their batches were read and computed). Losses are summed on the device; ``mean`` reads the sum on the
+    host, once per log line."""
 
     def __init__(self) -> None:
         self.reset()
 
     def reset(self) -> None:
-        self.total, self.count, self.steps, self.start = 0.0, 0, 0, time.perf_counter()
+        self.total: torch.Tensor | float = 0.0
+        self.count, self.steps, self.start = 0, 0, time.perf_counter()
 
-    def add(self, value: float) -> None:
+    def add(self, loss: torch.Tensor | None) -> None:
+        """One step's loss (a device tensor), or None for a skipped step."""
         self.steps += 1
-        if math.isfinite(value):
-            self.total += value
+        if loss is not None:
+            self.total = self.total + loss
             self.count += 1
 
     @property
     def mean(self) -> float:
-        return self.total / self.count if self.count else float("nan")
+        return float(self.total) / self.count if self.count else float("nan")
 
 
 def train(job: Job, state: TrainState) -> None:
@@ -383,9 +475,10 @@ def train(job: Job, state: TrainState) -> None:
                 state.epoch, state.step_in_epoch = state.epoch + 1, 0
             if progress is not None:
                 progress.update(1)
-                progress.set_postfix(loss=f"{meter.mean:.3f}", epoch=state.epoch)
             if state.step % cfg.frequent == 0 or state.step == total_steps:
-                log_progress(job, state, meter, samples_per_step, run_start, run_start_step)
+                mean = log_progress(job, state, meter, samples_per_step, run_start, run_start_step)
+                if progress is not None:
+                    progress.set_postfix(loss=f"{mean:.3f}", epoch=state.epoch)
             if job.callback is not None and state.step % cfg.verbose == 0:
                 job.callback(state.step, job.model)
             if epoch_end or state.step == total_steps or (
@@ -400,24 +493,27 @@ def train(job: Job, state: TrainState) -> None:
 
 
 def log_progress(job: Job, state: TrainState, meter: Meter, samples_per_step: int, run_start: float,
-                 run_start_step: int) -> None:
+                 run_start_step: int) -> float:
+    """One log line (and TensorBoard scalars) for the steps since the last one; returns their mean loss."""
     now = time.perf_counter()
+    mean = meter.mean  # reads the summed loss on the host
     steps = max(state.step - run_start_step, 1)
     # The interval since the last line: `frequent` steps, fewer for the last line or after a resume.
     speed = samples_per_step * meter.steps / max(now - meter.start, 1e-9)
     eta = (job.derived.total_steps - state.step) * (now - run_start) / steps
     lr = job.opt_backbone.param_groups[0]["lr"]
-    scale = job.scaler.get_scale() if job.scaler.is_enabled() else 1.0
+    scale = job.scaler.scale
     job.logger.info("step %d/%d epoch %d | loss %.4f | lr %.6f | %.1f samples/s | grad scale %g | eta %s",
-                    state.step, job.derived.total_steps, state.epoch, meter.mean, lr, speed, scale,
+                    state.step, job.derived.total_steps, state.epoch, mean, lr, speed, scale,
                     datetime.timedelta(seconds=int(eta)))
     if job.writer is not None:
-        job.writer.add_scalar("train/loss", meter.mean, state.step)
+        job.writer.add_scalar("train/loss", mean, state.step)
         job.writer.add_scalar("train/lr", lr, state.step)
         job.writer.add_scalar("train/samples_per_sec", speed, state.step)
         if job.scaler.is_enabled():
             job.writer.add_scalar("train/grad_scale", scale, state.step)
     meter.reset()
+    return mean
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -437,6 +533,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"train.py: {exc}", file=sys.stderr)
         return 2
     device = pick_device(cfg.device)
+    if device.type == "cpu":
+        keep_freed_memory()  # the head's large per-step tensors reuse warm heap pages (utils/cpu_memory.py)
     init_distributed(device, cfg.dist_timeout_minutes)
     try:
         rank, world_size = get_rank(), get_world_size()

@@ -12,13 +12,15 @@ import os
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
+import torch
 from torch import nn
 
 from eval.verification import BinData, load_bin, test
-from utils.distributed import barrier, get_rank
+from utils.distributed import barrier, broadcast_ints, get_rank
 
 logger = logging.getLogger(__name__)
 
+_MISSING, _LOADED, _UNREADABLE = 0, 1, 2  # rank 0's decision per target, broadcast to every rank
 # Scalars written to TensorBoard per target, as val/<target>/<key>.
 _LOGGED = ("acc", "acc_noflip", "val", "xnorm")
 
@@ -32,37 +34,56 @@ class ScalarWriter(Protocol):
 class CallbackVerification:
     """Scores the backbone on ``<rec_prefix>/<target>.bin`` for every target in ``val_targets``.
 
-    The files are loaded once, at construction, on rank 0 only (other ranks hold nothing).
+    The files are loaded once, at construction, on rank 0 only (other ranks hold nothing); every rank must
+    construct it (a collective tells them which targets rank 0 found: ``targets``). A missing file is
+    skipped with one warning; an unreadable one raises ``ValueError`` on every rank. ``device``: where the
+    decision travels (the training device: NCCL needs a CUDA tensor).
     ``best[target]`` is the highest flip accuracy seen so far; ``nfolds`` is the number of
     cross-validation folds (10 in the published protocol).
     """
 
     def __init__(self, val_targets: Sequence[str], rec_prefix: str | os.PathLike,
                  summary_writer: ScalarWriter | None = None, image_size: tuple[int, int] = (112, 112),
-                 batch_size: int = 64, nfolds: int = 10) -> None:
+                 batch_size: int = 64, nfolds: int = 10, device: torch.device | str = "cpu") -> None:
         self.rank = get_rank()
         self.summary_writer = summary_writer
         self.batch_size = batch_size
         self.nfolds = nfolds
         self.sets: dict[str, BinData] = {}
         self.best: dict[str, float] = {}
-        if self.rank != 0:
-            return
-        for target in val_targets:
-            path = Path(rec_prefix) / f"{target}.bin"
-            if not path.is_file():
-                raise FileNotFoundError(f"verification target {target!r}: {path} does not exist "
-                                        f"(val_targets={list(val_targets)}, rec_prefix={rec_prefix})")
-            self.sets[target] = load_bin(path, image_size)
-            self.best[target] = 0.0
-            logger.info("verification target %s: %d pairs from %s", target, len(self.sets[target][1]), path)
+        # Rank 0 decides for every rank which targets exist (a missing file is skipped with one warning, as
+        # configs/base.py promises) and whether they loaded; the others follow its decision, so no rank is left
+        # waiting in a collective for one that stopped.
+        paths = [Path(rec_prefix) / f"{target}.bin" for target in val_targets]
+        status = [_MISSING] * len(paths)
+        error = ""
+        if self.rank == 0:
+            for i, (target, path) in enumerate(zip(val_targets, paths)):
+                if not path.is_file():
+                    logger.warning("verification target %s: %s does not exist; skipped", target, path)
+                    continue
+                try:
+                    self.sets[target] = load_bin(path, image_size)
+                except ValueError as exc:
+                    status[i], error = _UNREADABLE, str(exc)
+                    break
+                status[i] = _LOADED
+                self.best[target] = 0.0
+                logger.info("verification target %s: %d pairs from %s", target, len(self.sets[target][1]), path)
+        status = broadcast_ints(status, device)
+        if _UNREADABLE in status:
+            path = paths[status.index(_UNREADABLE)]
+            raise ValueError(error if self.rank == 0 else f"{path}: rank 0 could not read this verification file")
+        self.targets = [t for t, s in zip(val_targets, status) if s == _LOADED]
 
     def __call__(self, global_step: int, backbone: nn.Module) -> dict[str, dict[str, Any]] | None:
         """Evaluate on rank 0 and return ``{target: test() result}`` there (``None`` on other ranks);
         every rank returns only after rank 0 has finished. A DDP-wrapped backbone is evaluated through
         its ``.module`` so that no collective runs on rank 0 alone."""
         results: dict[str, dict[str, Any]] | None = None
-        if self.rank == 0 and self.sets:
+        if not self.targets:  # the same on every rank: nothing to evaluate, nobody waits
+            return None
+        if self.rank == 0:
             results = self._evaluate(global_step, getattr(backbone, "module", backbone))
         barrier()
         return results

@@ -18,6 +18,7 @@ from _dist import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 LOSS_LINE = re.compile(r"step (\d+)/\d+ epoch \d+ \| loss (\S+)")
+LR_LINE = re.compile(r"step (\d+)/(\d+) epoch \d+ \| loss \S+ \| lr (\S+)")
 
 
 def _env() -> dict[str, str]:
@@ -54,6 +55,16 @@ def logged_losses(output: Path) -> dict[int, str]:
         if m:
             losses[int(m.group(1))] = m.group(2)
     return losses
+
+
+def logged_lrs(output: Path) -> dict[int, tuple[int, str]]:
+    """{step: (total steps, LR as logged)} from output/training.log (the last run wins)."""
+    lrs: dict[int, tuple[int, str]] = {}
+    for line in (output / "training.log").read_text().splitlines():
+        m = LR_LINE.search(line)
+        if m:
+            lrs[int(m.group(1))] = (int(m.group(2)), m.group(3))
+    return lrs
 
 
 def load_model(output: Path) -> dict[str, torch.Tensor]:

@@ -129,6 +129,7 @@ def _accumulation_steps(rank: int, world_size: int) -> list[torch.Tensor]:
     from losses import ArcFace
     from partial_fc import PartialFC, build_head_optimizer
     from utils.config import derive, load_config
+    from utils.precision import LossScaler
 
     results = []
     for acc in (2, 1):
@@ -146,7 +147,7 @@ def _accumulation_steps(rank: int, world_size: int) -> list[torch.Tensor]:
             device=torch.device("cpu"), backbone=backbone, model=model, head=head,
             opt_backbone=trainer.build_optimizer("sgd", model.parameters(), 0.1, 0.9, 5e-4),
             opt_head=build_head_optimizer(head, "sgd", lr=0.1, momentum=0.9, weight_decay=5e-4),
-            scaler=torch.amp.GradScaler("cpu", enabled=False), autocast_dtype=None, loader=None,
+            scaler=LossScaler(enabled=False), autocast_dtype=None, loader=None,
             logger=logging.getLogger("test"))
         g = torch.Generator().manual_seed(100 + rank)
         images = torch.randn(8, 3, 4, 4, generator=g)

@@ -35,11 +35,11 @@ _BOOL_OR_STR = frozenset({"resume"})
 
 # Keys that do not change what the model learns: operational settings (where and how often to write, log,
 # evaluate; how many loader workers; how long to wait for peers) and settings that change speed or numerics
-# only at rounding level (device, channels_last). Every other key enters the fingerprint, so a checkpoint is
-# resumed automatically only by a run that would have produced the same training trajectory.
+# only at rounding level (device, channels_last, compile, tf32). Every other key enters the fingerprint, so a
+# checkpoint is resumed automatically only by a run that would have produced the same training trajectory.
 FINGERPRINT_EXCLUDED = frozenset({
     "output", "resume", "auto_resume", "save_all_states", "save_every_steps", "keep_checkpoints",
-    "verbose", "frequent", "val_targets", "num_workers", "dali", "device", "channels_last",
+    "verbose", "frequent", "val_targets", "num_workers", "dali", "device", "channels_last", "compile", "tf32",
     "dist_timeout_minutes", "max_nonfinite_steps",
 })
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from _dist import run_distributed
-from _launch import copy_checkpoints_until, gathered_head_after_resume, logged_losses, saved_head, train
+from _launch import copy_checkpoints_until, gathered_head_after_resume, logged_losses, logged_lrs, saved_head, train
 from _reliability import CONFIG, REFERENCE
 from utils.checkpoint import find_latest, step_dir
 
@@ -60,3 +60,55 @@ def test_three_to_two_continues_to_the_end(three_rank_run, tmp_path):
     assert min(losses) == 31 and max(losses) == 40, sorted(losses)
     assert all(float(v) == float(v) and float(v) < float("inf") for v in losses.values()), losses
     assert sorted(p.name for p in step_dir(output, 40).glob("head_rank*.pt")) == ["head_rank0.pt", "head_rank1.pt"]
+
+
+# ------------------------------------------------------------------------------------ epoch-based schedules
+# max_steps = 0: the schedule counts epochs. 96 images of 8 per rank: 12 steps per epoch on 1 rank, 6 on 2,
+# 4 on 3; two epochs; a checkpoint every step.
+EPOCHS = ("max_steps=0", "num_epoch=2", "num_image=96", "save_every_steps=1", "keep_checkpoints=30", "frequent=1")
+
+
+@pytest.fixture(scope="module")
+def epoch_runs(tmp_path_factory) -> dict[int, Path]:
+    """Uninterrupted epoch-based runs on 1, 2 and 3 ranks."""
+    runs = {}
+    for world in (1, 2, 3):
+        runs[world] = tmp_path_factory.mktemp(f"epochs{world}") / "run"
+        train(CONFIG, runs[world], *EPOCHS, nproc=world)
+    return runs
+
+
+def test_resume_position_keeps_the_fraction_of_training():
+    """The issue's example: 10 of 20 epochs done on 8 ranks, resumed on 4: the same epoch position and LR,
+    and 10 epochs left (the old arithmetic gave LR 0.056 instead of 0.025 and 15 epochs)."""
+    from train import resume_position
+    from utils.lr_scheduler import lr_at
+
+    spe8, spe4 = 1000, 2000  # steps per epoch of one dataset on 8 and 4 ranks
+    step, epoch, in_epoch = resume_position(10 * spe8, 10, 0, 8, 4, spe4, max_steps=0)
+    assert (step, epoch, in_epoch) == (10 * spe4, 10, 0)
+    assert lr_at(step, 0.1, 0, 20 * spe4) == lr_at(10 * spe8, 0.1, 0, 20 * spe8)
+    assert resume_position(300, 0, 300, 8, 3, 2666, max_steps=0) == (800, 0, 800)  # mid-epoch, samples kept
+    assert resume_position(1999, 0, 999, 2, 1, 2000, max_steps=0) == (1998, 0, 1998)
+    assert resume_position(5, 0, 5, 3, 2, 7, max_steps=0) == (7, 1, 0)  # rounded past the end: next epoch
+    assert resume_position(70, 0, 70, 2, 4, 500, max_steps=100) == (70, 0, 35)  # step-based: the step stays
+    assert resume_position(70, 3, 20, 2, 2, 500, max_steps=0) == (70, 3, 20)  # same world: unchanged
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("saved_world,stop_step,world", [(2, 4, 1), (1, 14, 2), (3, 3, 2)])
+def test_epoch_schedule_continues_on_another_world_size(epoch_runs, tmp_path, saved_world, stop_step, world):
+    """Stopped after ``stop_step`` steps on ``saved_world`` ranks, resumed on ``world``: every later step has
+    the LR an uninterrupted ``world``-rank run has at that step, and the run ends after the two epochs."""
+    output = copy_checkpoints_until(epoch_runs[saved_world], tmp_path / "resumed", step=stop_step)
+    proc = train(CONFIG, output, *EPOCHS, nproc=world)
+    assert f"world size changed {saved_world} -> {world}" in proc.stdout, proc.stdout[-3000:]
+    want, got = logged_lrs(epoch_runs[world]), logged_lrs(output)
+    total = max(want)
+    assert max(got) == total and all(t == total for t, _ in got.values()), (sorted(got), total)
+    first = min(got)
+    assert sorted(got) == list(range(first, total + 1)), sorted(got)
+    assert {s: got[s] for s in got} == {s: want[s] for s in got}, (got, want)
+    # Resumed where the samples consumed put it: the same fraction of the two epochs.
+    assert abs((first - 1) / total - stop_step / max(logged_lrs(epoch_runs[saved_world]))) <= 1 / total

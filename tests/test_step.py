@@ -1,0 +1,177 @@
+"""One decision per step for both optimizers (train.optimizer_step), in process on 1 and 2 gloo ranks.
+
+A non-finite value anywhere (the loss, one backbone gradient, the head's gradient on one rank) makes both
+optimizers skip on every rank: weights, optimizer state and batch-norm statistics stay bit-identical, the
+fp16 loss scale backs off once, and the skip counts towards max_nonfinite_steps. The same holds for bf16
+(no scaler) and fp32. A finite step moves both.
+"""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from tests._dist import run_distributed
+
+pytestmark = pytest.mark.timeout(120)
+
+NUM_CLASSES, D = 12, 8
+
+
+def _job(rank: int, world_size: int, *, fp16_scaler: bool = False, bf16: bool = False):
+    """A trainer Job around a tiny backbone with batch norm and a sampled head (SGD with momentum)."""
+    import train as trainer
+    from losses import CosFace
+    from partial_fc import PartialFC, build_head_optimizer
+    from utils.config import derive, load_config
+    from utils.precision import LossScaler
+
+    cfg = load_config("configs/debug_cpu", ["num_classes=12", "sample_rate=0.5", "max_steps=10",
+                                            "max_nonfinite_steps=5"])
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 4 * 4, 16), nn.BatchNorm1d(16), nn.PReLU(16), nn.Linear(16, D))
+    backbone = trainer.wrap_ddp(model, torch.device("cpu")) if world_size > 1 else model
+    head = PartialFC(CosFace(s=8.0, m=0.2), D, NUM_CLASSES, 0.5, seed=1)
+    return trainer.Job(
+        cfg=cfg, derived=derive(cfg, world_size), rank=rank, world_size=world_size, device=torch.device("cpu"),
+        backbone=backbone, model=model, head=head,
+        opt_backbone=trainer.build_optimizer("sgd", model.parameters(), 0.1, 0.9, 5e-4),
+        opt_head=build_head_optimizer(head, "sgd", lr=0.1, momentum=0.9, weight_decay=5e-4),
+        scaler=LossScaler(enabled=fp16_scaler, init_scale=1024.0), autocast_dtype=torch.bfloat16 if bf16 else None,
+        loader=None, logger=logging.getLogger("test"))
+
+
+def _batch(rank: int, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(100 * step + rank)
+    return [(torch.randn(6, 3, 4, 4, generator=g), torch.randint(0, NUM_CLASSES, (6,), generator=g))]
+
+
+def _snapshot(job) -> dict[str, torch.Tensor]:
+    out = {f"model.{k}": v.detach().clone() for k, v in job.model.state_dict().items()}
+    out["head.weight"] = job.head.weight.detach().clone()
+    for name, opt in (("opt_backbone", job.opt_backbone), ("opt_head", job.opt_head)):
+        for i, state in enumerate(opt.state.values()):
+            for k, v in state.items():
+                out[f"{name}.{i}.{k}"] = v.detach().clone()
+    return out
+
+
+def _poison_backbone(job, value: float):
+    """A hook that turns one backbone gradient into `value` (before DDP's all-reduce)."""
+    param = list(job.model.parameters())[1]
+    return param.register_hook(lambda g: torch.full_like(g, value))
+
+
+def _poison_head(job, value: float):
+    """A hook that turns this rank's head gradient (sparse rows) into `value`."""
+    def hook(g: torch.Tensor) -> torch.Tensor:
+        g = g.coalesce()
+        return torch.sparse_coo_tensor(g.indices(), torch.full_like(g.values(), value), g.shape).coalesce()
+
+    return job.head.weight.register_hook(hook)
+
+
+def _decisions(rank: int, world_size: int, where: str, value: float, fp16_scaler: bool, bf16: bool) -> dict:
+    import train as trainer
+
+    job = _job(rank, world_size, fp16_scaler=fp16_scaler, bf16=bf16)
+    state = trainer.TrainState()
+    assert trainer.optimizer_step(job, state, _batch(rank, 0)) is not None  # momentum exists from here on
+    state.step += 1
+    before, scale = _snapshot(job), job.scaler.scale
+    handle = None
+    # The poison sits on the last rank only: the others' own values are finite.
+    if rank == world_size - 1:
+        handle = (_poison_backbone if where == "backbone" else _poison_head)(job, value)
+    loss = trainer.optimizer_step(job, state, _batch(rank, 1))
+    after = _snapshot(job)
+    if handle is not None:
+        handle.remove()
+    changed = sorted(k for k in before if not torch.equal(before[k], after[k]))
+    skipped = dict(loss=loss, changed=changed, scale=(scale, job.scaler.scale), in_row=state.nonfinite_in_row,
+                   skipped=state.skipped_steps)
+    state.step += 1
+    good = trainer.optimizer_step(job, state, _batch(rank, 2))
+    moved = sorted(k for k, v in _snapshot(job).items() if not torch.equal(v, after[k]))
+    return dict(skipped=skipped, good_loss=good, moved=moved, in_row_after=state.nonfinite_in_row,
+                scale_after=job.scaler.scale)
+
+
+CASES = [
+    ("backbone", float("inf"), True, False),   # fp16's scaler: an overflow in one backbone gradient
+    ("head", float("inf"), True, False),       # ... in the head's gradient of the last rank only
+    ("backbone", float("nan"), False, True),   # bf16 (no scaler): a NaN gradient with a finite loss
+    ("head", float("nan"), False, False),      # fp32
+]
+
+
+def _all_cases(rank: int, world_size: int) -> list[dict]:
+    return [_decisions(rank, world_size, *case) for case in CASES]  # one process start for every case
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_a_non_finite_gradient_skips_both_optimizers_on_every_rank(world_size):
+    for rank, per_case in enumerate(run_distributed(_all_cases, world_size)):
+        for (where, value, fp16_scaler, _), r in zip(CASES, per_case):
+            case = f"rank {rank}, {value} in the {where}{' (fp16 scaler)' if fp16_scaler else ''}"
+            s = r["skipped"]
+            assert s["loss"] is None, f"{case}: the step was not skipped"
+            assert s["changed"] == [], f"{case}: a skipped step changed {s['changed']}"
+            assert s["in_row"] == 1 and s["skipped"] == 1, case
+            before, after = s["scale"]
+            assert after == (before / 2 if fp16_scaler else 1.0), (case, s["scale"])  # backed off once
+            assert r["good_loss"] is not None and r["in_row_after"] == 0, case
+            assert any(k.startswith("head.") for k in r["moved"]) and any(k.startswith("model.") for k in r["moved"])
+            assert any(k.startswith("opt_head.") for k in r["moved"]), (case, r["moved"])
+            assert r["scale_after"] == after, case  # growth only after growth_interval good steps
+
+
+def test_loss_scaler_backs_off_grows_and_round_trips_with_gradscaler():
+    from utils.precision import LossScaler
+
+    scaler = LossScaler(enabled=True, init_scale=8.0, growth_interval=3)
+    scaler.update(skipped=True)
+    assert scaler.scale == 4.0 and scaler.growth_tracker == 0
+    for _ in range(3):
+        scaler.update(skipped=False)
+    assert scaler.scale == 8.0 and scaler.growth_tracker == 0
+    assert LossScaler(enabled=True).growth_interval == 100  # the reference's value for this workload
+    # GradScaler's state loads into ours and ours into GradScaler (checkpoints of either kind resume).
+    theirs = torch.amp.GradScaler("cpu", init_scale=512.0, growth_interval=7)
+    ours = LossScaler(enabled=True)
+    ours.load_state_dict(theirs.state_dict())
+    assert ours.scale == 512.0 and ours.growth_interval == 7
+    back = torch.amp.GradScaler("cpu")
+    back.load_state_dict(LossScaler(enabled=True, init_scale=64.0).state_dict())
+    assert back.get_scale() == 64.0
+    disabled = LossScaler(enabled=False)
+    assert disabled.state_dict() == {} and disabled.scale == 1.0
+    loss = torch.tensor(2.0)
+    assert disabled.scale_loss(loss) is loss and float(ours.scale_loss(loss)) == 1024.0
+
+
+def test_embedding_reaches_the_head_in_fp32_and_bf16_loss_is_close_to_fp32():
+    """The precision policy end to end on the CPU: under bf16 autocast the head receives fp32 embeddings,
+    its products run in bf16 (fp32 accumulation) and the loss and gradients stay within 2e-2 of fp32."""
+    from losses import CosFace
+    from partial_fc import PartialFC
+
+    torch.manual_seed(0)
+    head = PartialFC(CosFace(s=16.0, m=0.3), 64, 500)
+    emb = torch.randn(32, 64)
+    labels = torch.randint(0, 500, (32,))
+    results = {}
+    for name, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
+        e = emb.clone().requires_grad_()
+        head.weight.grad = None
+        with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+            loss = head(e, labels)
+        loss.backward()
+        assert loss.dtype == torch.float32 and e.grad.dtype == torch.float32
+        results[name] = (float(loss.detach()), e.grad.clone(), head.weight.grad.clone())
+    (l32, e32, w32), (l16, e16, w16) = results["fp32"], results["bf16"]
+    assert abs(l16 - l32) <= 2e-2 * abs(l32), (l16, l32)
+    assert (e16 - e32).norm() <= 2e-2 * e32.norm() and (w16 - w32).norm() <= 2e-2 * w32.norm()
+    assert not torch.equal(w16, w32)  # the products did run in bf16

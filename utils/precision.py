@@ -1,0 +1,111 @@
+"""Precision: the autocast context, TF32, and the dynamic loss scale of fp16 training.
+
+What runs in which dtype (README, "Precision"): the backbone's body runs under ``torch.autocast`` in the
+trainer's dtype (bf16 or fp16); the layers that produce the embedding run in fp32 outside it (see
+``backbones``); the head's three large products run in the autocast dtype with fp32 accumulation, and
+its log-sum-exp, the loss and both optimizers' updates in fp32. fp32 runs may use TF32 tensor cores for
+matrix products and convolutions on CUDA (``tf32`` key).
+
+``LossScaler`` replaces ``torch.amp.GradScaler`` in the trainer because the trainer has two optimizers
+(the backbone's and the head's, whose gradients differ on every rank) and GradScaler decides for each
+optimizer alone: the head could step while the backbone is skipped, and a rank whose head gradients were
+finite would grow its scale while another backed off. Here the trainer makes one decision per step for
+both optimizers and every rank and reports it to ``update``; the scale rule is GradScaler's, and
+``state_dict`` has GradScaler's keys, so checkpoints of either load into the other.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["LossScaler", "autocast", "configure_tf32"]
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    """``torch.autocast(device.type, dtype)``, or a context that changes nothing when ``dtype`` is None."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def configure_tf32(device: torch.device, enabled: bool) -> None:
+    """Let fp32 matrix products and convolutions use TF32 tensor cores on CUDA (``enabled``), or forbid it.
+
+    Process-wide torch settings; on the CPU they change nothing, and are left alone.
+    """
+    if device.type != "cuda":
+        return
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+
+
+class LossScaler:
+    """Dynamic loss scaling for fp16 (disabled: the scale is 1 and nothing changes).
+
+    The loss is multiplied by ``scale`` before backward so that small fp16 gradients do not flush to zero;
+    the trainer divides the gradients by it before the update. After each step the trainer calls
+    ``update(skipped)``: a skipped step (non-finite gradients anywhere) multiplies the scale by
+    ``backoff_factor`` once, and ``growth_interval`` good steps in a row multiply it by ``growth_factor``.
+    The defaults are GradScaler's, except ``growth_interval = 100`` (GradScaler: 2000), the value the
+    reference trainer uses for this workload.
+    """
+
+    def __init__(self, enabled: bool, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0,
+                 backoff_factor: float = 0.5, growth_interval: int = 100) -> None:
+        if not (init_scale > 0 and growth_factor > 1 and 0 < backoff_factor < 1 and growth_interval >= 1):
+            raise ValueError(f"LossScaler: init_scale={init_scale} growth_factor={growth_factor} backoff_factor="
+                             f"{backoff_factor} growth_interval={growth_interval}; need init_scale > 0, "
+                             f"growth_factor > 1, 0 < backoff_factor < 1, growth_interval >= 1")
+        self.enabled = enabled
+        self.scale = float(init_scale) if enabled else 1.0
+        self.growth_factor = float(growth_factor)
+        self.backoff_factor = float(backoff_factor)
+        self.growth_interval = int(growth_interval)
+        self.growth_tracker = 0  # good steps in a row since the last change of scale
+
+    def is_enabled(self) -> bool:
+        return self.enabled
+
+    def scale_loss(self, loss: Tensor) -> Tensor:
+        """``loss · scale`` (``loss`` itself when disabled)."""
+        return loss * self.scale if self.enabled else loss
+
+    def update(self, skipped: bool) -> None:
+        """Back off after a skipped step; grow after ``growth_interval`` good steps in a row."""
+        if not self.enabled:
+            return
+        if skipped:
+            self.scale *= self.backoff_factor
+            self.growth_tracker = 0
+            return
+        self.growth_tracker += 1
+        if self.growth_tracker == self.growth_interval:
+            self.scale *= self.growth_factor
+            self.growth_tracker = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """GradScaler's keys; ``{}`` when disabled (as GradScaler)."""
+        if not self.enabled:
+            return {}
+        return {"scale": self.scale, "growth_factor": self.growth_factor, "backoff_factor": self.backoff_factor,
+                "growth_interval": self.growth_interval, "_growth_tracker": self.growth_tracker}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore ``state_dict()`` (ours or GradScaler's). An empty state (saved while disabled) leaves the
+        initial scale; a disabled scaler ignores the state."""
+        if not self.enabled or not state:
+            return
+        missing = [k for k in ("scale", "_growth_tracker") if k not in state]
+        if missing:
+            raise ValueError(f"LossScaler.load_state_dict: keys {missing} missing from {sorted(state)}")
+        scale = state["scale"]
+        self.scale = float(scale.item() if isinstance(scale, Tensor) else scale)
+        tracker = state["_growth_tracker"]
+        self.growth_tracker = int(tracker.item() if isinstance(tracker, Tensor) else tracker)
+        for key in ("growth_factor", "backoff_factor", "growth_interval"):
+            if key in state:
+                setattr(self, key, type(getattr(self, key))(state[key]))
