@@ -6,6 +6,7 @@ Inverted-residual bottlenecks (1×1 expand → PReLU → depthwise 3×3 → PReL
 an identity shortcut when shapes match), a 1×1 conv to 512 channels, and a global depthwise conv (GDC)
 head: 7×7 depthwise conv → flatten → linear → BatchNorm1d. Module attribute names give the state_dict
 keys of insightface's ``mbf`` files (``layers.N.…``, ``conv_sep.…``, ``features.layers.{0,2,3}.…``).
+``conv_sep`` and the GDC head run in full precision outside autocast, as in the official models.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 from torch import nn
 
 from .checkpointing import maybe_checkpoint
+from .precision import full_precision
 from .registry import register_model
 
 __all__ = ["MobileFaceNet", "mbf"]
@@ -136,8 +138,11 @@ class MobileFaceNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for unit in self.layers:
             x = maybe_checkpoint(unit, x, self.activation_checkpointing)  # (N, C, H', W')
-        x = self.conv_sep(x)  # (N, sep_ch, H/16, W/16)
-        return self.features(x)  # (N, num_features)
+        # conv_sep and the GDC head run in full precision outside autocast, as in the official models
+        # (their autocast region ends after ``layers``): the embedding is never rounded to bf16/fp16.
+        with full_precision(x, self.conv_sep.layers[0].weight.dtype) as x:
+            x = self.conv_sep(x)  # (N, sep_ch, H/16, W/16)
+            return self.features(x)  # (N, num_features)
 
 
 @register_model

@@ -7,9 +7,10 @@ official embeddings, and these tests fail.
 """
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 import torch
@@ -17,6 +18,8 @@ import torch.nn.functional as F
 
 from backbones import get_model, list_models
 from backbones.flops import count_flops
+from backbones.iresnet import IResNet
+from backbones.mobilefacenet import MobileFaceNet
 from _paths import ROOT
 
 # Names the team contract promises.
@@ -128,6 +131,36 @@ def reference_iresnet_forward(sd: dict[str, torch.Tensor], blocks: Sequence[int]
     x = torch.flatten(bn(x, "bn2"), 1)
     x = F.linear(x, sd["fc.weight"], sd["fc.bias"])
     return bn(x, "features")
+
+
+@functools.cache
+def meta_model(name: str) -> torch.nn.Module:
+    """The full-size model on the meta device (shapes only, no memory), built once."""
+    with torch.device("meta"):
+        return get_model(name)
+
+
+def reduced_instance(name: str, num_features: int = 16) -> torch.nn.Module:
+    """The variant's own family constructor with its settings, at reduced depth and width.
+
+    IResNet: at most 2 blocks per stage, widths (8, 16, 16, 32). Settings are read from the full-size
+    model built on the meta device (which also proves that it builds).
+    """
+    full = meta_model(name)
+    if isinstance(full, IResNet):
+        blocks = tuple(min(len(getattr(full, f"layer{i}")), 2) for i in range(1, 5))
+        return IResNet(blocks, widths=(8, 16, 16, 32), num_features=num_features,
+                       activation_checkpointing=full.activation_checkpointing)
+    raise AssertionError(f"no reduced instance for {name!r} ({type(full).__name__})")
+
+
+def small_instance(name: str) -> torch.nn.Module:
+    """A cheap instance of every registered name (MobileFaceNet is cheap at full size)."""
+    if name == "tiny":
+        return get_model("tiny", num_features=16, widths=(4, 8, 8, 16))
+    if name == "mbf":
+        return get_model(name, num_features=16)
+    return reduced_instance(name)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -327,3 +360,60 @@ def test_flops_cli_prints_published_r50_figure() -> None:
     assert "GFLOPs (2 per multiply-add" in proc.stdout
     assert "parameters: 43," in proc.stdout
     assert "RuntimeWarning" not in proc.stderr
+
+
+# ----------------------------------------------------------------------------------------------------
+# The embedding tail runs in full precision under autocast
+# ----------------------------------------------------------------------------------------------------
+# Per family, from the official forwards (what runs after their autocast region ends): the module whose
+# output ends the body, a body module whose output autocast makes bf16, the tail modules, and the tail
+# recomputed from the body's output.
+TAILS: dict[type, tuple[Callable, Callable, tuple[str, ...], Callable]] = {
+    IResNet: (lambda m: m.dropout, lambda m: m.dropout, ("fc", "features"), lambda m, t: m.features(m.fc(t))),
+    MobileFaceNet: (lambda m: m.layers[-1], lambda m: m.layers[-1], ("conv_sep", "features"),
+                    lambda m, t: m.features(m.conv_sep(t))),
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", list_models())
+def test_embedding_tail_is_full_precision_under_autocast(name: str) -> None:
+    """Under CPU bfloat16 autocast (a small instance of every name, eval mode): the body runs in bf16,
+    every layer of the tail gets float32 inputs with autocast off, the embedding is float32 and equals
+    the tail run in fp32 on the body's output, which the tail under autocast would not give."""
+    torch.manual_seed(0)
+    model = small_instance(name).eval()
+    body_end, probe, tail_names, tail = TAILS[type(model)]
+    captured: dict[str, torch.Tensor] = {}
+    seen: list[tuple[str, torch.dtype, bool]] = []
+    body_end(model).register_forward_hook(lambda mod, inp, out: captured.setdefault("body", out))
+    probe(model).register_forward_hook(lambda mod, inp, out: captured.setdefault("probe", out))
+
+    def record(key: str) -> Callable:
+        return lambda mod, inp: seen.append((key, inp[0].dtype, torch.is_autocast_enabled("cpu")))
+
+    for tail_name in tail_names:
+        for key, leaf in getattr(model, tail_name).named_modules(prefix=tail_name):
+            if not list(leaf.children()):
+                leaf.register_forward_pre_hook(record(key))
+
+    x = torch.randn(2, 3, 112, 112)  # (N, 3, 112, 112)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        y = model(x)  # (2, 16)
+    assert captured["probe"].dtype == torch.bfloat16  # autocast did reach the body
+    assert y.dtype == torch.float32
+    assert seen and all(dtype == torch.float32 and not on for _, dtype, on in seen), seen
+    with torch.no_grad():
+        ref = tail(model, captured["body"].float())  # (2, 16), fp32, no autocast
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low = tail(model, captured["body"])  # the same tail left under autocast: (2, 16)
+    assert torch.equal(y, ref)
+    assert low.dtype != torch.float32 or not torch.equal(low, ref)  # the check above can fail
+
+
+def test_full_precision_follows_the_parameter_dtype() -> None:
+    """A model converted as a whole keeps working: in float64 the tail computes in float64."""
+    model = get_model("tiny", num_features=8, widths=(4, 8, 8, 16)).double().eval()
+    with torch.no_grad():
+        y = model(torch.randn(1, 3, 112, 112, dtype=torch.float64))
+    assert y.dtype == torch.float64
