@@ -19,7 +19,7 @@ from .checkpointing import maybe_checkpoint
 from .precision import full_precision
 from .registry import register_model
 
-__all__ = ["IBasicBlock", "IResNet", "r18", "r34", "r50", "r100", "r200", "tiny"]
+__all__ = ["IBasicBlock", "IResNet", "r18", "r34", "r50", "r100", "r200", "r2060", "tiny"]
 
 _BN_EPS = 1e-5
 # Every stage halves the resolution with its first block: 112 → 56 → 28 → 14 → 7.
@@ -180,6 +180,18 @@ def r200(num_features: int = 512, dropout: float = 0.0, input_size: int = 112,
          activation_checkpointing: bool = False) -> IResNet:
     """IResNet-200, official layout."""
     return _iresnet((6, 26, 60, 6), num_features, dropout, input_size, activation_checkpointing)
+
+
+@register_model
+def r2060(num_features: int = 512, dropout: float = 0.0, input_size: int = 112,
+          activation_checkpointing: bool = True) -> IResNet:
+    """IResNet-2060, official layout: blocks (3, 128, 896, 3), otherwise the same network as r18…r200.
+
+    The official model always recomputes stages 2 and 3 in backward while training (1.1 G parameters;
+    without it the activations of 1024 blocks do not fit a GPU), so activation checkpointing is on by
+    default here; pass ``activation_checkpointing=False`` to store activations instead.
+    """
+    return _iresnet((3, 128, 896, 3), num_features, dropout, input_size, activation_checkpointing)
 
 
 @register_model
