@@ -5,7 +5,7 @@ The expected layouts and the reference forwards below are written from shared/FO
 weights in circulation") and the insightface ``iresnet``/``iresnet2060``/``mobilefacenet`` structure
 (block counts, widths, the MobileFaceNet stem rule), independently of ``backbones/``: if our modules drift
 from the official layout or order, official weight files stop loading or stop giving the official
-embeddings, and these tests fail.
+embeddings, and these tests fail. The ViT family has its own file, tests/test_backbones_vit.py.
 """
 from __future__ import annotations
 
@@ -23,10 +23,13 @@ from backbones import get_model, list_models
 from backbones.flops import count_flops
 from backbones.iresnet import IResNet
 from backbones.mobilefacenet import MobileFaceNet
+from backbones.vit import VisionTransformer
 from _paths import ROOT
 
-# Names the team contract promises.
-CONTRACT_NAMES = {"r18", "r34", "r50", "r100", "r200", "r2060", "mbf", "mbf_large", "tiny"}
+# Names the team contract promises: every backbone of arcface_torch, plus our `tiny`.
+VIT_NAMES = {"vit_t", "vit_t_dp005_mask0", "vit_s", "vit_s_dp005_mask_0", "vit_b", "vit_b_dp005_mask_005",
+             "vit_l_dp005_mask_005", "vit_h"}
+CONTRACT_NAMES = {"r18", "r34", "r50", "r100", "r200", "r2060", "mbf", "mbf_large", "tiny"} | VIT_NAMES
 # Official block counts (insightface iresnet.py / iresnet2060.py: r2060 is [3, 128, 1024 - 128, 3]).
 IRESNET_BLOCKS = {"r18": (2, 2, 2, 2), "r34": (3, 4, 6, 3), "r50": (3, 4, 14, 3), "r100": (3, 13, 30, 3),
                   "r200": (6, 26, 60, 6), "r2060": (3, 128, 896, 3)}
@@ -34,9 +37,11 @@ OFFICIAL_WIDTHS = (64, 128, 256, 512)
 # Official MobileFaceNet settings (insightface get_mbf / get_mbf_large): (blocks, scale).
 MBF_SETTINGS = {"mbf": ((1, 4, 6, 2), 2), "mbf_large": ((2, 8, 12, 4), 4)}
 # Measured on one CPU thread, batch 2 at 112×112 (build + forward + backward): these take at most 4 s
-# (r50); r100 7 s, r200 10 s, and r2060 holds 1.1 G parameters (9 GB with gradients; not run). The
-# others are checked at reduced size (see `reduced_instance`) and, at full size, on the meta device.
-FULL_SIZE = {"tiny", "mbf", "mbf_large", "r18", "r34", "r50"}
+# (r50); r100 7 s, vit_b 6 s, r200 10 s, vit_l 16 s, and vit_h / r2060 hold 0.76 / 1.1 G parameters
+# (6-9 GB with gradients; not run). The others are checked at reduced size (see `reduced_instance`)
+# and, at full size, on the meta device (layout tests below and in test_backbones_vit.py).
+FULL_SIZE = {"tiny", "mbf", "mbf_large", "r18", "r34", "r50", "vit_t", "vit_t_dp005_mask0", "vit_s",
+             "vit_s_dp005_mask_0"}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -192,15 +197,19 @@ def meta_model(name: str) -> torch.nn.Module:
 def reduced_instance(name: str, num_features: int = 16) -> torch.nn.Module:
     """The variant's own family constructor with its settings, at reduced depth and width.
 
-    IResNet: at most 2 blocks per stage, widths (8, 16, 16, 32), the variant's checkpointing default.
-    Settings are read from the full-size model built on the meta device (which also proves that it
-    builds).
+    IResNet: at most 2 blocks per stage, widths (8, 16, 16, 32); ViT: D = 32, 2 blocks, the variant's
+    heads, last-block drop-path rate, masking and checkpointing default. Settings are read from the
+    full-size model built on the meta device (which also proves that it builds).
     """
     full = meta_model(name)
     if isinstance(full, IResNet):
         blocks = tuple(min(len(getattr(full, f"layer{i}")), 2) for i in range(1, 5))
         return IResNet(blocks, widths=(8, 16, 16, 32), num_features=num_features,
                        activation_checkpointing=full.activation_checkpointing)
+    if isinstance(full, VisionTransformer):
+        return VisionTransformer(32, 2, full.blocks[0].attn.num_heads, drop_path_rate=full.blocks[-1].drop_path.p,
+                                 mask_ratio=full.mask_ratio, num_features=num_features,
+                                 activation_checkpointing=full.activation_checkpointing)
     raise AssertionError(f"no reduced instance for {name!r} ({type(full).__name__})")
 
 
@@ -257,10 +266,10 @@ def test_every_model_trains_and_round_trips(name: str) -> None:
     """Forward + backward in training mode at batch 2, finite outputs and gradients, then an exact
     state_dict round trip into a differently initialised instance (same tensors, same outputs).
 
-    Names in FULL_SIZE run at full size on 112×112 images. The others (r100, r200, r2060) run as
-    `reduced_instance`: the same family constructor with the variant's settings at reduced depth/width;
-    their full-size layout (keys, shapes, parameter count) is checked on the meta device by the layout
-    tests, and `test_deep_models_full_size_forward` runs r100/r200 at full size.
+    Names in FULL_SIZE run at full size on 112×112 images. The others (r100, r200, r2060, vit_b*, vit_l,
+    vit_h) run as `reduced_instance`: the same family constructor with the variant's settings at reduced
+    depth/width; their full-size layout (keys, shapes, parameter count) is checked on the meta device by
+    the layout tests, and `test_deep_models_full_size_forward` runs r100/r200/vit_b at full size.
     """
     torch.manual_seed(0)
     build: Callable[[], torch.nn.Module] = (
@@ -294,7 +303,7 @@ def test_every_model_trains_and_round_trips(name: str) -> None:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("name", ["r100", "r200"])
+@pytest.mark.parametrize("name", ["r100", "r200", "vit_b"])
 def test_deep_models_full_size_forward(name: str) -> None:
     """Full-size forward (no backward: too slow on a shared CPU). Training mode, because with the official
     init (conv std 0.1) and fresh running statistics an eval-mode forward of a deep untrained IResNet
@@ -418,8 +427,11 @@ def test_strict_loading_rejects_missing_and_extra_keys() -> None:
 # ----------------------------------------------------------------------------------------------------
 # Activation checkpointing
 # ----------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name,kwargs", [("tiny", {"widths": (4, 8, 8, 16)}), ("mbf", {}), ("mbf_large", {})])
+@pytest.mark.parametrize("name,kwargs", [("tiny", {"widths": (4, 8, 8, 16)}), ("mbf", {}),
+                                         ("mbf_large", {}), ("vit_t", {})])
 def test_activation_checkpointing_changes_nothing_but_memory(name: str, kwargs: dict) -> None:
+    """vit_t also draws drop-path masks inside the checkpointed blocks and masks tokens: the recompute must
+    replay the same random draws."""
     torch.manual_seed(0)
     plain = get_model(name, num_features=16, dropout=0.2, activation_checkpointing=False, **kwargs).train()
     ckpt = get_model(name, num_features=16, dropout=0.2, activation_checkpointing=True, **kwargs).train()
@@ -442,9 +454,10 @@ def test_activation_checkpointing_changes_nothing_but_memory(name: str, kwargs: 
 
 @pytest.mark.parametrize("name", sorted(CONTRACT_NAMES))
 def test_activation_checkpointing_default_is_the_official_one(name: str) -> None:
-    """The official r2060 always recomputes in training; the others never do. The argument overrides the default (r2060 is left out of that
+    """The official r2060, vit_b, vit_b_dp005_mask_005, vit_l_dp005_mask_005 and vit_h always recompute
+    in training; the others never do. The argument overrides the default (r2060 is left out of that
     check only because building it takes ~3 s: its builder is r200's with other block counts)."""
-    official = name == "r2060"
+    official = name in {"r2060", "vit_b", "vit_b_dp005_mask_005", "vit_l_dp005_mask_005", "vit_h"}
     assert meta_model(name).activation_checkpointing is official
     if name != "r2060":
         with torch.device("meta"):
@@ -531,21 +544,25 @@ def test_flops_cli_prints_published_r50_figure() -> None:
 # The embedding tail runs in full precision under autocast
 # ----------------------------------------------------------------------------------------------------
 # Per family, from the official forwards (what runs after their autocast region ends): the module whose
-# output ends the body, a body module whose output autocast makes bf16, the tail modules, and the tail
-# recomputed from the body's output.
+# output ends the body, a body module whose output autocast makes bf16 (the ViT's residual stream stays
+# fp32 because pos_embed is fp32, as in the official model), the tail modules, and the tail recomputed
+# from the body's output.
 TAILS: dict[type, tuple[Callable, Callable, tuple[str, ...], Callable]] = {
     IResNet: (lambda m: m.dropout, lambda m: m.dropout, ("fc", "features"), lambda m, t: m.features(m.fc(t))),
     MobileFaceNet: (lambda m: m.layers[-1], lambda m: m.layers[-1], ("conv_sep", "features"),
                     lambda m, t: m.features(m.conv_sep(t))),
+    VisionTransformer: (lambda m: m.blocks[-1], lambda m: m.blocks[-1].mlp, ("norm", "feature"),
+                        lambda m, t: m.feature(m.norm(t).flatten(1))),
 }
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("name", list_models())
-def test_embedding_tail_is_full_precision_under_autocast(name: str) -> None:
+def test_embedding_tail_is_full_precision_under_autocast(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Under CPU bfloat16 autocast (a small instance of every name, eval mode): the body runs in bf16,
     every layer of the tail gets float32 inputs with autocast off, the embedding is float32 and equals
-    the tail run in fp32 on the body's output, which the tail under autocast would not give."""
+    the tail run in fp32 on the body's output, which the tail under autocast would not give. In the ViT,
+    attention scores and softmax also run in fp32 (as the official model)."""
     torch.manual_seed(0)
     model = small_instance(name).eval()
     body_end, probe, tail_names, tail = TAILS[type(model)]
@@ -561,6 +578,14 @@ def test_embedding_tail_is_full_precision_under_autocast(name: str) -> None:
         for key, leaf in getattr(model, tail_name).named_modules(prefix=tail_name):
             if not list(leaf.children()):
                 leaf.register_forward_pre_hook(record(key))
+    attention: list[tuple[torch.dtype, bool]] = []
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        attention.append((q.dtype, torch.is_autocast_enabled("cpu")))
+        return sdpa(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
 
     x = torch.randn(2, 3, 112, 112)  # (N, 3, 112, 112)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
@@ -574,6 +599,8 @@ def test_embedding_tail_is_full_precision_under_autocast(name: str) -> None:
             low = tail(model, captured["body"])  # the same tail left under autocast: (2, 16)
     assert torch.equal(y, ref)
     assert low.dtype != torch.float32 or not torch.equal(low, ref)  # the check above can fail
+    if isinstance(model, VisionTransformer):
+        assert attention and all(d == torch.float32 and not on for d, on in attention), attention
 
 
 def test_full_precision_follows_the_parameter_dtype() -> None:
