@@ -3,7 +3,7 @@
 Importing the variant modules registers them; state_dict keys follow the official insightface layout.
 Parameter / multiply-add counts: ``backbones.flops.count_flops`` or ``python -m backbones.flops NAME``.
 """
-from . import iresnet, mobilefacenet  # noqa: F401  (registration side effect)
+from . import iresnet, mobilefacenet, vit  # noqa: F401  (registration side effect)
 from .registry import get_model, list_models, register_model
 
 __all__ = ["get_model", "list_models", "register_model"]

@@ -5,6 +5,8 @@ BN → conv3×3 → BN → PReLU → conv3×3 (stride) → BN, added to the shor
 sum. Attribute names, shapes, BatchNorm eps (1e-5) and momentum (PyTorch's default 0.1) follow the
 insightface ``arcface_torch`` state_dict layout (see shared/FORMATS.md, "Backbone weights in
 circulation"), so an official ``backbone.pth`` loads with ``strict=True`` and gives the same embeddings.
+``fc`` and ``features`` (the embedding layers) run in full precision outside autocast, as in the
+official models, whose autocast region ends after the dropout.
 """
 from __future__ import annotations
 
@@ -14,9 +16,10 @@ import torch
 from torch import nn
 
 from .checkpointing import maybe_checkpoint
+from .precision import full_precision
 from .registry import register_model
 
-__all__ = ["IBasicBlock", "IResNet", "r18", "r34", "r50", "r100", "r200", "tiny"]
+__all__ = ["IBasicBlock", "IResNet", "r18", "r34", "r50", "r100", "r200", "r2060", "tiny"]
 
 _BN_EPS = 1e-5
 # Every stage halves the resolution with its first block: 112 → 56 → 28 → 14 → 7.
@@ -118,9 +121,12 @@ class IResNet(nn.Module):
         for stage in (self.layer1, self.layer2, self.layer3, self.layer4):
             for block in stage:
                 x = maybe_checkpoint(block, x, self.activation_checkpointing)  # (N, C_i, H/2^i, W/2^i)
-        x = torch.flatten(self.bn2(x), 1)  # (N, C3 * H/16 * W/16)
-        x = self.fc(self.dropout(x))  # (N, num_features)
-        return self.features(x)  # (N, num_features)
+        x = self.dropout(torch.flatten(self.bn2(x), 1))  # (N, C3 * H/16 * W/16)
+        # The embedding layers run in full precision outside autocast, as in the official models (their
+        # autocast region ends after the dropout): the embedding is never rounded to bf16/fp16.
+        with full_precision(x, self.fc.weight.dtype) as x:
+            x = self.fc(x)  # (N, num_features)
+            return self.features(x)  # (N, num_features)
 
 
 def _iresnet(
@@ -174,6 +180,18 @@ def r200(num_features: int = 512, dropout: float = 0.0, input_size: int = 112,
          activation_checkpointing: bool = False) -> IResNet:
     """IResNet-200, official layout."""
     return _iresnet((6, 26, 60, 6), num_features, dropout, input_size, activation_checkpointing)
+
+
+@register_model
+def r2060(num_features: int = 512, dropout: float = 0.0, input_size: int = 112,
+          activation_checkpointing: bool = True) -> IResNet:
+    """IResNet-2060, official layout: blocks (3, 128, 896, 3), otherwise the same network as r18…r200.
+
+    The official model always recomputes stages 2 and 3 in backward while training (1.1 G parameters;
+    without it the activations of 1024 blocks do not fit a GPU), so activation checkpointing is on by
+    default here; pass ``activation_checkpointing=False`` to store activations instead.
+    """
+    return _iresnet((3, 128, 896, 3), num_features, dropout, input_size, activation_checkpointing)
 
 
 @register_model

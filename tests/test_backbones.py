@@ -1,15 +1,19 @@
-"""Backbones: registry, official state_dict layout, official computation order, checkpointing, FLOPs.
+"""Backbones: registry, official state_dict layout, official computation order, checkpointing, FLOPs,
+full-precision embedding tail under autocast.
 
-The expected layouts and the reference forward below are written from shared/FORMATS.md ("Backbone
-weights in circulation") and the insightface ``mbf`` structure, independently of ``backbones/``: if our
-modules drift from the official layout or order, official weight files stop loading or stop giving the
-official embeddings, and these tests fail.
+The expected layouts and the reference forwards below are written from shared/FORMATS.md ("Backbone
+weights in circulation") and the insightface ``iresnet``/``iresnet2060``/``mobilefacenet`` structure
+(block counts, widths, the MobileFaceNet stem rule), independently of ``backbones/``: if our modules drift
+from the official layout or order, official weight files stop loading or stop giving the official
+embeddings, and these tests fail. The ViT family has its own file, tests/test_backbones_vit.py.
 """
 from __future__ import annotations
 
+import functools
+import re
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 import torch
@@ -17,15 +21,27 @@ import torch.nn.functional as F
 
 from backbones import get_model, list_models
 from backbones.flops import count_flops
+from backbones.iresnet import IResNet
+from backbones.mobilefacenet import MobileFaceNet
+from backbones.vit import VisionTransformer
 from _paths import ROOT
 
-# Names the team contract promises.
-CONTRACT_NAMES = {"r18", "r34", "r50", "r100", "r200", "mbf", "tiny"}
+# Names the team contract promises: every backbone of arcface_torch, plus our `tiny`.
+VIT_NAMES = {"vit_t", "vit_t_dp005_mask0", "vit_s", "vit_s_dp005_mask_0", "vit_b", "vit_b_dp005_mask_005",
+             "vit_l_dp005_mask_005", "vit_h"}
+CONTRACT_NAMES = {"r18", "r34", "r50", "r100", "r200", "r2060", "mbf", "mbf_large", "tiny"} | VIT_NAMES
+# Official block counts (insightface iresnet.py / iresnet2060.py: r2060 is [3, 128, 1024 - 128, 3]).
 IRESNET_BLOCKS = {"r18": (2, 2, 2, 2), "r34": (3, 4, 6, 3), "r50": (3, 4, 14, 3), "r100": (3, 13, 30, 3),
-                  "r200": (6, 26, 60, 6)}
+                  "r200": (6, 26, 60, 6), "r2060": (3, 128, 896, 3)}
 OFFICIAL_WIDTHS = (64, 128, 256, 512)
-# Cheap enough on one CPU thread for a full forward + backward at 112×112.
-FULL_CHECK = {"tiny", "mbf", "r18", "r34"}
+# Official MobileFaceNet settings (insightface get_mbf / get_mbf_large): (blocks, scale).
+MBF_SETTINGS = {"mbf": ((1, 4, 6, 2), 2), "mbf_large": ((2, 8, 12, 4), 4)}
+# Measured on one CPU thread, batch 2 at 112×112 (build + forward + backward): these take at most 4 s
+# (r50); r100 7 s, vit_b 6 s, r200 10 s, vit_l 16 s, and vit_h / r2060 hold 0.76 / 1.1 G parameters
+# (6-9 GB with gradients; not run). The others are checked at reduced size (see `reduced_instance`)
+# and, at full size, on the meta device (layout tests below and in test_backbones_vit.py).
+FULL_SIZE = {"tiny", "mbf", "mbf_large", "r18", "r34", "r50", "vit_t", "vit_t_dp005_mask0", "vit_s",
+             "vit_s_dp005_mask_0"}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -58,8 +74,14 @@ def official_iresnet_layout(blocks: Sequence[int], widths: Sequence[int] = OFFIC
     return keys
 
 
-def official_mbf_layout(num_features: int = 512) -> list[tuple[str, tuple[int, ...]]]:
-    """Ordered (key, shape) list of insightface's ``mbf`` (scale 2, blocks (1, 4, 6, 2))."""
+def official_mbf_layout(blocks: Sequence[int] = (1, 4, 6, 2), scale: int = 2,
+                        num_features: int = 512) -> list[tuple[str, tuple[int, ...]]]:
+    """Ordered (key, shape) list of insightface's MobileFaceNet(blocks, scale).
+
+    The official rule: widths 64·scale (stem, stage 1) and 128·scale (stages 2, 3); expanded widths 128,
+    128, 256, 256, 512, 256 whatever the scale; a one-block stem is a 3×3 conv with groups=64, a longer
+    one is that many residual bottlenecks of expanded width 128; conv_sep and the GDC head are 512 wide.
+    """
     def unit(p: str, c_in: int, c_out: int, k: int, groups: int = 1, act: bool = True):
         out = [(f"{p}.layers.0.weight", (c_out, c_in // groups, k, k)), *_bn(f"{p}.layers.1", c_out)]
         return out + ([(f"{p}.layers.2.weight", (c_out,))] if act else [])
@@ -68,14 +90,16 @@ def official_mbf_layout(num_features: int = 512) -> list[tuple[str, tuple[int, .
         return (unit(f"{p}.layers.0", c_in, hidden, 1) + unit(f"{p}.layers.1", hidden, hidden, 3, hidden)
                 + unit(f"{p}.layers.2", hidden, c_out, 1, act=False))
 
-    keys = unit("layers.0", 3, 128, 3) + unit("layers.1", 128, 128, 3, groups=64)
-    keys += bottleneck("layers.2", 128, 128, 128)
-    keys += [kv for i in range(4) for kv in bottleneck(f"layers.3.layers.{i}", 128, 128, 128)]
-    keys += bottleneck("layers.4", 128, 256, 256)
-    keys += [kv for i in range(6) for kv in bottleneck(f"layers.5.layers.{i}", 256, 256, 256)]
-    keys += bottleneck("layers.6", 256, 256, 512)
-    keys += [kv for i in range(2) for kv in bottleneck(f"layers.7.layers.{i}", 256, 256, 256)]
-    keys += unit("conv_sep", 256, 512, 1)
+    def residual(p: str, c: int, hidden: int, n: int):
+        return [kv for i in range(n) for kv in bottleneck(f"{p}.layers.{i}", c, c, hidden)]
+
+    c1, c2 = 64 * scale, 128 * scale
+    keys = unit("layers.0", 3, c1, 3)
+    keys += unit("layers.1", c1, c1, 3, groups=64) if blocks[0] == 1 else residual("layers.1", c1, 128, blocks[0])
+    keys += bottleneck("layers.2", c1, c1, 128) + residual("layers.3", c1, 128, blocks[1])
+    keys += bottleneck("layers.4", c1, c2, 256) + residual("layers.5", c2, 256, blocks[2])
+    keys += bottleneck("layers.6", c2, c2, 512) + residual("layers.7", c2, 256, blocks[3])
+    keys += unit("conv_sep", c2, 512, 1)
     keys += unit("features.layers.0", 512, 512, 7, groups=512, act=False)
     keys += [("features.layers.2.weight", (num_features, 512)), *_bn("features.layers.3", num_features)]
     return keys
@@ -130,6 +154,74 @@ def reference_iresnet_forward(sd: dict[str, torch.Tensor], blocks: Sequence[int]
     return bn(x, "features")
 
 
+def reference_mbf_forward(sd: dict[str, torch.Tensor], blocks: Sequence[int], x: torch.Tensor) -> torch.Tensor:
+    """Eval-mode MobileFaceNet forward in the official order, from plain functional ops."""
+    def bn(t: torch.Tensor, p: str) -> torch.Tensor:
+        return F.batch_norm(t, sd[f"{p}.running_mean"], sd[f"{p}.running_var"], sd[f"{p}.weight"],
+                            sd[f"{p}.bias"], training=False, eps=1e-5)
+
+    def unit(t: torch.Tensor, p: str, stride: int = 1, padding: int = 0, groups: int = 1, act: bool = True):
+        t = bn(F.conv2d(t, sd[f"{p}.layers.0.weight"], stride=stride, padding=padding, groups=groups),
+               f"{p}.layers.1")
+        return F.prelu(t, sd[f"{p}.layers.2.weight"]) if act else t
+
+    def depthwise(t: torch.Tensor, p: str, stride: int, residual: bool) -> torch.Tensor:
+        hidden = sd[f"{p}.layers.0.layers.0.weight"].shape[0]
+        out = unit(t, f"{p}.layers.0")
+        out = unit(out, f"{p}.layers.1", stride=stride, padding=1, groups=hidden)
+        out = unit(out, f"{p}.layers.2", act=False)
+        return t + out if residual else out
+
+    def residual_stage(t: torch.Tensor, p: str, n: int) -> torch.Tensor:
+        for i in range(n):
+            t = depthwise(t, f"{p}.layers.{i}", 1, True)
+        return t
+
+    x = unit(x, "layers.0", stride=2, padding=1)
+    x = unit(x, "layers.1", padding=1, groups=64) if blocks[0] == 1 else residual_stage(x, "layers.1", blocks[0])
+    for s, n in enumerate(blocks[1:]):
+        x = depthwise(x, f"layers.{2 + 2 * s}", 2, False)
+        x = residual_stage(x, f"layers.{3 + 2 * s}", n)
+    x = unit(x, "conv_sep")
+    x = torch.flatten(unit(x, "features.layers.0", groups=512, act=False), 1)
+    return bn(F.linear(x, sd["features.layers.2.weight"]), "features.layers.3")
+
+
+@functools.cache
+def meta_model(name: str) -> torch.nn.Module:
+    """The full-size model on the meta device (shapes only, no memory), built once: r2060 takes ~3 s."""
+    with torch.device("meta"):
+        return get_model(name)
+
+
+def reduced_instance(name: str, num_features: int = 16) -> torch.nn.Module:
+    """The variant's own family constructor with its settings, at reduced depth and width.
+
+    IResNet: at most 2 blocks per stage, widths (8, 16, 16, 32); ViT: D = 32, 2 blocks, the variant's
+    heads, last-block drop-path rate, masking and checkpointing default. Settings are read from the
+    full-size model built on the meta device (which also proves that it builds).
+    """
+    full = meta_model(name)
+    if isinstance(full, IResNet):
+        blocks = tuple(min(len(getattr(full, f"layer{i}")), 2) for i in range(1, 5))
+        return IResNet(blocks, widths=(8, 16, 16, 32), num_features=num_features,
+                       activation_checkpointing=full.activation_checkpointing)
+    if isinstance(full, VisionTransformer):
+        return VisionTransformer(32, 2, full.blocks[0].attn.num_heads, drop_path_rate=full.blocks[-1].drop_path.p,
+                                 mask_ratio=full.mask_ratio, num_features=num_features,
+                                 activation_checkpointing=full.activation_checkpointing)
+    raise AssertionError(f"no reduced instance for {name!r} ({type(full).__name__})")
+
+
+def small_instance(name: str) -> torch.nn.Module:
+    """A cheap instance of every registered name (MobileFaceNets are cheap at full size)."""
+    if name == "tiny":
+        return get_model("tiny", num_features=16, widths=(4, 8, 8, 16))
+    if name in MBF_SETTINGS:
+        return get_model(name, num_features=16)
+    return reduced_instance(name)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Registry
 # ----------------------------------------------------------------------------------------------------
@@ -168,32 +260,67 @@ def test_bad_values_are_rejected(kwargs: dict) -> None:
 # ----------------------------------------------------------------------------------------------------
 # Every registered model
 # ----------------------------------------------------------------------------------------------------
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", list_models())
-def test_every_model_forward(name: str) -> None:
+def test_every_model_trains_and_round_trips(name: str) -> None:
+    """Forward + backward in training mode at batch 2, finite outputs and gradients, then an exact
+    state_dict round trip into a differently initialised instance (same tensors, same outputs).
+
+    Names in FULL_SIZE run at full size on 112×112 images. The others (r100, r200, r2060, vit_b*, vit_l,
+    vit_h) run as `reduced_instance`: the same family constructor with the variant's settings at reduced
+    depth/width; their full-size layout (keys, shapes, parameter count) is checked on the meta device by
+    the layout tests, and `test_deep_models_full_size_forward` runs r100/r200/vit_b at full size.
+    """
     torch.manual_seed(0)
-    model = get_model(name, num_features=64)
-    if name in FULL_CHECK:
-        model.train()
-        x = torch.randn(2, 3, 112, 112)  # (N, 3, 112, 112); BN in training mode needs N > 1
-        y = model(x)  # (2, 64)
-        assert y.shape == (2, 64)
-        assert torch.isfinite(y).all()
-        y.square().mean().backward()
-        for key, p in model.named_parameters():
-            if p.requires_grad:
-                assert p.grad is not None and torch.isfinite(p.grad).all(), key
-        assert any(p.grad.abs().sum() > 0 for p in model.parameters() if p.requires_grad)
-    else:  # r50 / r100 / r200: forward only (a backward is too slow on a shared CPU). Training mode,
-        # because with the official init (conv std 0.1) and fresh running statistics an eval-mode forward
-        # of a deep untrained IResNet overflows, as the official one does.
+    build: Callable[[], torch.nn.Module] = (
+        (lambda: get_model(name, num_features=16)) if name in FULL_SIZE else (lambda: reduced_instance(name)))
+    model = build().train()
+    x = torch.randn(2, 3, 112, 112)  # (N, 3, 112, 112); BN in training mode needs N > 1
+    y = model(x)  # (2, 16)
+    assert y.shape == (2, 16) and y.dtype == torch.float32
+    assert torch.isfinite(y).all()
+    y.square().mean().backward()
+    for key, p in model.named_parameters():
+        if p.requires_grad:
+            assert p.grad is not None and torch.isfinite(p.grad).all(), key
+    assert any(p.grad.abs().sum() > 0 for p in model.parameters() if p.requires_grad)
+
+    sd = model.state_dict()
+    torch.manual_seed(1)
+    other = build().train()
+    assert any(not torch.equal(a, b) for a, b in zip(sd.values(), other.state_dict().values()))
+    other.load_state_dict(sd, strict=True)
+    back = other.state_dict()
+    assert list(back) == list(sd)
+    for key in sd:
+        assert back[key].dtype == sd[key].dtype and torch.equal(back[key], sd[key]), key
+    outs = []
+    for m in (model, other):
+        torch.manual_seed(2)  # same drop-path and masking draws in both
         with torch.no_grad():
-            y = model.train()(torch.randn(2, 3, 112, 112))
-        assert y.shape == (2, 64)
-        assert torch.isfinite(y).all()
-    if name != "mbf":  # IResNet: the embedding BN's scale is frozen at 1, as in the official models
-        assert not model.features.weight.requires_grad
-        assert torch.equal(model.features.weight, torch.ones(64))
+            outs.append(m(x))  # (2, 16)
+    assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["r100", "r200", "vit_b"])
+def test_deep_models_full_size_forward(name: str) -> None:
+    """Full-size forward (no backward: too slow on a shared CPU). Training mode, because with the official
+    init (conv std 0.1) and fresh running statistics an eval-mode forward of a deep untrained IResNet
+    overflows, as the official one does."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        y = get_model(name, num_features=64).train()(torch.randn(2, 3, 112, 112))  # (2, 64)
+    assert y.shape == (2, 64)
+    assert torch.isfinite(y).all()
+
+
+@pytest.mark.parametrize("name", sorted(IRESNET_BLOCKS) + ["tiny"])
+def test_iresnet_embedding_scale_is_frozen(name: str) -> None:
+    """The embedding BN's scale is frozen at 1, as in the official IResNets."""
+    assert not meta_model(name).features.weight.requires_grad
+    if name == "tiny":
+        assert torch.equal(get_model("tiny", num_features=64).features.weight, torch.ones(64))
 
 
 def test_other_input_size() -> None:
@@ -206,15 +333,63 @@ def test_other_input_size() -> None:
 # ----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", sorted(IRESNET_BLOCKS))
 def test_iresnet_state_dict_matches_official_layout(name: str) -> None:
-    with torch.device("meta"):  # shapes only: r200 costs nothing
-        model = get_model(name)
+    model = meta_model(name)  # shapes only: r200 and r2060 (1.1 G parameters) cost no memory
     assert _layout(model) == official_iresnet_layout(IRESNET_BLOCKS[name])
+    assert tuple(len(getattr(model, f"layer{i}")) for i in range(1, 5)) == IRESNET_BLOCKS[name]
 
 
-def test_mbf_state_dict_matches_official_layout() -> None:
-    with torch.device("meta"):
-        model = get_model("mbf")
-    assert _layout(model) == official_mbf_layout()
+def test_r2060_size() -> None:
+    """1030 IR blocks (3 + 128 + 896 + 3): 1,122,301,120 parameters, on the meta device."""
+    params = sum(p.numel() for p in meta_model("r2060").parameters())
+    assert params == _param_count(official_iresnet_layout(IRESNET_BLOCKS["r2060"])) == 1_122_301_120
+
+
+@pytest.mark.parametrize("name", sorted(MBF_SETTINGS))
+def test_mbf_state_dict_matches_official_layout(name: str) -> None:
+    model = meta_model(name)
+    assert _layout(model) == official_mbf_layout(*MBF_SETTINGS[name])
+
+
+def test_mbf_large_layout_literal() -> None:
+    """A few official mbf_large keys written out, so that the layout rule above cannot drift with ours:
+    a 256-wide stem made of two residual bottlenecks (expanded width 128), 512-wide last stages."""
+    layout = dict(official_mbf_layout(*MBF_SETTINGS["mbf_large"]))
+    ours = dict(_layout(meta_model("mbf_large")))
+    expected = {
+        "layers.0.layers.0.weight": (256, 3, 3, 3),
+        "layers.1.layers.0.layers.0.layers.0.weight": (128, 256, 1, 1),
+        "layers.1.layers.1.layers.1.layers.0.weight": (128, 1, 3, 3),
+        "layers.1.layers.1.layers.2.layers.0.weight": (256, 128, 1, 1),
+        "layers.2.layers.1.layers.0.weight": (128, 1, 3, 3),
+        "layers.3.layers.7.layers.2.layers.1.weight": (256,),
+        "layers.4.layers.2.layers.0.weight": (512, 256, 1, 1),
+        "layers.5.layers.11.layers.0.layers.0.weight": (256, 512, 1, 1),
+        "layers.6.layers.1.layers.0.weight": (512, 1, 3, 3),
+        "layers.7.layers.3.layers.2.layers.0.weight": (512, 256, 1, 1),
+        "conv_sep.layers.0.weight": (512, 512, 1, 1),
+        "features.layers.0.layers.0.weight": (512, 1, 7, 7),
+        "features.layers.2.weight": (512, 512),
+        "features.layers.3.running_var": (512,),
+    }
+    for key, shape in expected.items():
+        assert layout[key] == shape and ours[key] == shape, key
+    assert "layers.3.layers.8.layers.0.layers.0.weight" not in ours  # 8 residual blocks in stage 1: 0..7
+
+
+@pytest.mark.parametrize("name", sorted(MBF_SETTINGS))
+def test_official_mbf_weights_give_official_embeddings(name: str) -> None:
+    blocks, scale = MBF_SETTINGS[name]
+    torch.manual_seed(1)
+    sd = random_official_state_dict(official_mbf_layout(blocks, scale))
+    model = get_model(name)
+    model.load_state_dict(sd, strict=True)
+    model.eval()
+    x = torch.randn(2, 3, 112, 112)  # (N, 3, 112, 112)
+    with torch.no_grad():
+        ours = model(x)  # (2, 512)
+        ref = reference_mbf_forward(sd, blocks, x)  # (2, 512)
+    assert ref.abs().max() > 1e-2
+    torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-5 * float(ref.abs().max()))
 
 
 def test_tiny_layout_follows_its_widths() -> None:
@@ -252,10 +427,13 @@ def test_strict_loading_rejects_missing_and_extra_keys() -> None:
 # ----------------------------------------------------------------------------------------------------
 # Activation checkpointing
 # ----------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name,kwargs", [("tiny", {"widths": (4, 8, 8, 16)}), ("mbf", {})])
+@pytest.mark.parametrize("name,kwargs", [("tiny", {"widths": (4, 8, 8, 16)}), ("mbf", {}),
+                                         ("mbf_large", {}), ("vit_t", {})])
 def test_activation_checkpointing_changes_nothing_but_memory(name: str, kwargs: dict) -> None:
+    """vit_t also draws drop-path masks inside the checkpointed blocks and masks tokens: the recompute must
+    replay the same random draws."""
     torch.manual_seed(0)
-    plain = get_model(name, num_features=16, dropout=0.2, **kwargs).train()
+    plain = get_model(name, num_features=16, dropout=0.2, activation_checkpointing=False, **kwargs).train()
     ckpt = get_model(name, num_features=16, dropout=0.2, activation_checkpointing=True, **kwargs).train()
     ckpt.load_state_dict(plain.state_dict(), strict=True)
     x = torch.randn(3, 3, 112, 112)
@@ -272,6 +450,18 @@ def test_activation_checkpointing_changes_nothing_but_memory(name: str, kwargs: 
     # The recompute in backward must not update BatchNorm statistics a second time.
     for (key, b), c in zip(plain.named_buffers(), ckpt.buffers()):
         torch.testing.assert_close(c, b, rtol=1e-6, atol=1e-7, msg=lambda m, k=key: f"{k}: {m}")
+
+
+@pytest.mark.parametrize("name", sorted(CONTRACT_NAMES))
+def test_activation_checkpointing_default_is_the_official_one(name: str) -> None:
+    """The official r2060, vit_b, vit_b_dp005_mask_005, vit_l_dp005_mask_005 and vit_h always recompute
+    in training; the others never do. The argument overrides the default (r2060 is left out of that
+    check only because building it takes ~3 s: its builder is r200's with other block counts)."""
+    official = name in {"r2060", "vit_b", "vit_b_dp005_mask_005", "vit_l_dp005_mask_005", "vit_h"}
+    assert meta_model(name).activation_checkpointing is official
+    if name != "r2060":
+        with torch.device("meta"):
+            assert get_model(name, activation_checkpointing=not official).activation_checkpointing is not official
 
 
 def test_activation_checkpointing_is_off_in_eval() -> None:
@@ -299,12 +489,33 @@ def _param_count(layout: list[tuple[str, tuple[int, ...]]]) -> int:
 
 
 def test_mbf_size() -> None:
-    """insightface's mbf: 2,059,520 parameters (the paper's ~1 M is its 128-d configuration), ~0.44 GMACs."""
-    with torch.device("meta"):
-        model = get_model("mbf")
-    params, macs = count_flops(model, 112)
+    """insightface's mbf: 2,059,520 parameters (the paper's ~1 M is its 128-d configuration), ~0.44 GMACs;
+    mbf_large: 6,314,880 parameters, 1.82 GMACs."""
+    params, macs = count_flops(meta_model("mbf"), 112)
     assert params == _param_count(official_mbf_layout()) == 2_059_520
     assert 0.35e9 < macs < 0.55e9, macs
+    params, macs = count_flops(meta_model("mbf_large"), 112)
+    assert params == _param_count(official_mbf_layout(*MBF_SETTINGS["mbf_large"])) == 6_314_880
+    assert round(macs / 1e9, 2) == 1.82, macs
+
+
+@pytest.mark.timeout(120)
+def test_readme_backbone_table_matches_the_counter() -> None:
+    """Every registered backbone has a README row whose parameters and GMACs are what
+    ``python -m backbones.flops NAME`` prints, to the digits written (r2060's GMACs, which take ~10 s
+    to count, are left to the CLI)."""
+    section = (ROOT / "README.md").read_text().split("## Backbones", 1)[1].split("\n## ", 1)[0]
+    row = re.compile(r"^\| `(\w+)`[^|]*\| ([\d.]+) M \| ([\d.]+) \|", re.M)
+    rows = {m[1]: (m[2], m[3]) for m in row.finditer(section)}
+    assert sorted(rows) == list_models()
+    for name, (params_text, gmacs_text) in rows.items():
+        model = meta_model(name)
+        params = sum(p.numel() for p in model.parameters())
+        decimals = len(params_text.split(".")[1])
+        assert f"{params / 1e6:.{decimals}f}" == params_text, (name, params)
+        if name != "r2060":
+            _, macs = count_flops(model, 112)
+            assert f"{macs / 1e9:.2f}" == gmacs_text, (name, macs)
 
 
 def test_count_flops_on_a_real_model_restores_training_mode() -> None:
@@ -327,3 +538,74 @@ def test_flops_cli_prints_published_r50_figure() -> None:
     assert "GFLOPs (2 per multiply-add" in proc.stdout
     assert "parameters: 43," in proc.stdout
     assert "RuntimeWarning" not in proc.stderr
+
+
+# ----------------------------------------------------------------------------------------------------
+# The embedding tail runs in full precision under autocast
+# ----------------------------------------------------------------------------------------------------
+# Per family, from the official forwards (what runs after their autocast region ends): the module whose
+# output ends the body, a body module whose output autocast makes bf16 (the ViT's residual stream stays
+# fp32 because pos_embed is fp32, as in the official model), the tail modules, and the tail recomputed
+# from the body's output.
+TAILS: dict[type, tuple[Callable, Callable, tuple[str, ...], Callable]] = {
+    IResNet: (lambda m: m.dropout, lambda m: m.dropout, ("fc", "features"), lambda m, t: m.features(m.fc(t))),
+    MobileFaceNet: (lambda m: m.layers[-1], lambda m: m.layers[-1], ("conv_sep", "features"),
+                    lambda m, t: m.features(m.conv_sep(t))),
+    VisionTransformer: (lambda m: m.blocks[-1], lambda m: m.blocks[-1].mlp, ("norm", "feature"),
+                        lambda m, t: m.feature(m.norm(t).flatten(1))),
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", list_models())
+def test_embedding_tail_is_full_precision_under_autocast(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under CPU bfloat16 autocast (a small instance of every name, eval mode): the body runs in bf16,
+    every layer of the tail gets float32 inputs with autocast off, the embedding is float32 and equals
+    the tail run in fp32 on the body's output, which the tail under autocast would not give. In the ViT,
+    attention scores and softmax also run in fp32 (as the official model)."""
+    torch.manual_seed(0)
+    model = small_instance(name).eval()
+    body_end, probe, tail_names, tail = TAILS[type(model)]
+    captured: dict[str, torch.Tensor] = {}
+    seen: list[tuple[str, torch.dtype, bool]] = []
+    body_end(model).register_forward_hook(lambda mod, inp, out: captured.setdefault("body", out))
+    probe(model).register_forward_hook(lambda mod, inp, out: captured.setdefault("probe", out))
+
+    def record(key: str) -> Callable:
+        return lambda mod, inp: seen.append((key, inp[0].dtype, torch.is_autocast_enabled("cpu")))
+
+    for tail_name in tail_names:
+        for key, leaf in getattr(model, tail_name).named_modules(prefix=tail_name):
+            if not list(leaf.children()):
+                leaf.register_forward_pre_hook(record(key))
+    attention: list[tuple[torch.dtype, bool]] = []
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        attention.append((q.dtype, torch.is_autocast_enabled("cpu")))
+        return sdpa(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+
+    x = torch.randn(2, 3, 112, 112)  # (N, 3, 112, 112)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        y = model(x)  # (2, 16)
+    assert captured["probe"].dtype == torch.bfloat16  # autocast did reach the body
+    assert y.dtype == torch.float32
+    assert seen and all(dtype == torch.float32 and not on for _, dtype, on in seen), seen
+    with torch.no_grad():
+        ref = tail(model, captured["body"].float())  # (2, 16), fp32, no autocast
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low = tail(model, captured["body"])  # the same tail left under autocast: (2, 16)
+    assert torch.equal(y, ref)
+    assert low.dtype != torch.float32 or not torch.equal(low, ref)  # the check above can fail
+    if isinstance(model, VisionTransformer):
+        assert attention and all(d == torch.float32 and not on for d, on in attention), attention
+
+
+def test_full_precision_follows_the_parameter_dtype() -> None:
+    """A model converted as a whole keeps working: in float64 the tail computes in float64."""
+    model = get_model("tiny", num_features=8, widths=(4, 8, 8, 16)).double().eval()
+    with torch.no_grad():
+        y = model(torch.randn(1, 3, 112, 112, dtype=torch.float64))
+    assert y.dtype == torch.float64
