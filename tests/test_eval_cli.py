@@ -196,3 +196,39 @@ def test_bad_bin_exits_1_with_one_line_naming_the_file(tmp_path):
         assert proc.returncode == 1 and len(lines) == 1, proc.stderr
         assert lines[0].startswith(f"eval.verify: error: {tmp_path / target.removesuffix('.bin')}.bin: {message}"), lines
 
+
+def _jpeg(seed: int) -> bytes:
+    g = torch.Generator().manual_seed(seed)
+    return encode_jpeg(torch.randint(0, 256, (3, 112, 112), generator=g, dtype=torch.uint8)).numpy().tobytes()
+
+
+def test_make_bin_decodes_every_image_first(tmp_path, capsys):
+    (tmp_path / "imgs").mkdir()
+    for i in range(4):
+        (tmp_path / "imgs" / f"{i}.jpg").write_bytes(_jpeg(i))
+    (tmp_path / "imgs" / "cut.jpg").write_bytes(_jpeg(9)[:1500])
+    (tmp_path / "imgs" / "text.png").write_text("not a png")
+    (tmp_path / "pairs.txt").write_text("imgs/0.jpg imgs/cut.jpg 1\nimgs/2.jpg imgs/3.jpg 0\n"
+                                        "imgs/text.png imgs/cut.jpg 0\n")
+    assert make_bin.main(["--pairs", str(tmp_path / "pairs.txt"), "--out", str(tmp_path / "out.bin")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert [line.split(": cannot decode image")[0] for line in err[:-1]] == [
+        f"make_bin: bad image {tmp_path / 'imgs' / 'cut.jpg'}", f"make_bin: bad image {tmp_path / 'imgs' / 'text.png'}"]
+    assert err[-1] == f"make_bin: error: 2 of 5 images cannot be decoded (listed above); {tmp_path / 'out.bin'} not written"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["imgs", "pairs.txt"]  # no .bin, no temporary
+
+
+@pytest.mark.timeout(60)
+def test_make_bin_file_mode_follows_the_umask(tmp_path):
+    """As a user types it, under a umask other than the default."""
+    for i in range(2):
+        (tmp_path / f"{i}.jpg").write_bytes(_jpeg(i))
+    (tmp_path / "pairs.txt").write_text("0.jpg 1.jpg 1\n")
+    proc = subprocess.run(["bash", "-c", f"umask 027 && {sys.executable} scripts/make_bin.py --pairs "
+                           f"{tmp_path / 'pairs.txt'} --out {tmp_path / 'set.bin'} && touch {tmp_path / 'plain'}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=50)
+    assert proc.returncode == 0, proc.stderr
+    assert "wrote" in proc.stdout and "1 pairs (1 same)" in proc.stdout
+    mode = (tmp_path / "set.bin").stat().st_mode & 0o777
+    assert mode == 0o640 == (tmp_path / "plain").stat().st_mode & 0o777, oct(mode)
+    assert load_bin(tmp_path / "set.bin").issame == [True]
