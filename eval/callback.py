@@ -15,7 +15,7 @@ from typing import Any, Protocol, Sequence
 import torch
 from torch import nn
 
-from eval.verification import BinData, load_bin, test
+from eval.verification import BinData, format_table, load_bin, test
 from utils.distributed import barrier, broadcast_ints, get_rank
 
 logger = logging.getLogger(__name__)
@@ -90,17 +90,13 @@ class CallbackVerification:
 
     def _evaluate(self, global_step: int, backbone: nn.Module) -> dict[str, dict[str, Any]]:
         results = {}
-        rows = [f"{'target':<12} {'pairs':>6} {'acc (flip)':>16} {'no-flip':>8} {'best':>8} "
-                f"{'VAL@1e-3':>9} {'XNorm':>8} {'thresh':>7}"]
         for target, data in self.sets.items():
             r = test(data, backbone, self.batch_size, self.nfolds)
             results[target] = r
             self.best[target] = max(self.best[target], r["acc"])
-            rows.append(f"{target:<12} {r['pairs']:>6} {r['acc']:>9.5f}±{r['acc_std']:.4f} "
-                        f"{r['acc_noflip']:>8.5f} {self.best[target]:>8.5f} {r['val']:>9.5f} "
-                        f"{r['xnorm']:>8.3f} {r['threshold']:>7.3f}")
             if self.summary_writer is not None:
                 for key in _LOGGED:
                     self.summary_writer.add_scalar(f"val/{target}/{key}", r[key], global_step)
-        logger.info("verification at step %d\n%s", global_step, "\n".join(rows))
+        # The same table, in the same units (fractions), as python -m eval.verify prints.
+        logger.info("verification at step %d\n%s", global_step, "\n".join(format_table(results, self.best)))
         return results

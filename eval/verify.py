@@ -4,10 +4,15 @@
     python -m eval.verify --onnx model.onnx --data-dir DIR --targets lfw
     python -m eval.verify --network r50 --random-init 0 --data-dir DIR     # untrained baseline
 
-Prints one row per target: pairs, accuracy ± std over the 10 folds (flip), accuracy without flip,
-VAL at FAR=1e-3, mean embedding norm (XNorm) and the chosen distance threshold. ``--json`` writes the
-same numbers, ``--roc`` a ROC plot of every target. Errors (missing file, weights that do not fit the
-network) end the program with one line on stderr and a non-zero exit status.
+A target is the name of ``DIR/<name>.bin``, with or without the ``.bin``. Prints one row per target, every
+rate a fraction as in the training log: pairs, accuracy ± std over the 10 folds (flip), accuracy without
+flip, VAL ± std at FAR=1e-3 and the FAR it reached (a set with few different pairs cannot reach 1e-3),
+mean embedding norm (XNorm) and the chosen distance threshold. ``--json`` writes the same numbers,
+``--roc`` a ROC plot of every target.
+
+Exit status: 0 done; 1 bad data (a `.bin` that is truncated, not a verification file, holds an image that
+does not decode, or refers to code), one line naming the file; 2 a usage or configuration error (bad
+options, a missing file, weights that do not fit the network), one line.
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from eval.verification import load_bin, test
+from eval.verification import BadBinError, RefusedGlobal, format_table, load_bin, test
 from utils.weights import load_weights
 
 # Keys of test()'s result written to --json (the ROC arrays go to --roc instead).
@@ -84,16 +89,6 @@ def build_backbone(args: argparse.Namespace) -> nn.Module:
     return model.to(args.device)
 
 
-def format_row(target: str, r: dict[str, Any]) -> str:
-    return (f"{target:<12} {r['pairs']:>6} {100 * r['acc']:>8.3f} ± {100 * r['acc_std']:<6.3f} "
-            f"{100 * r['acc_noflip']:>8.3f} {100 * r['val']:>7.3f} ± {100 * r['val_std']:<6.3f} "
-            f"{r['xnorm']:>8.3f} {r['threshold']:>7.3f}")
-
-
-HEADER = (f"{'target':<12} {'pairs':>6} {'acc % (flip)':>17} {'no-flip':>8} {'VAL@FAR=1e-3 %':>16} "
-          f"{'XNorm':>8} {'thresh':>7}")
-
-
 def write_roc_curves(path: Path, curves: dict[str, tuple[np.ndarray, np.ndarray]], title: str,
                      log_fpr: bool = False) -> None:
     """One PNG with a ROC curve (TPR over FPR) per entry of ``curves`` (label -> (fpr, tpr))."""
@@ -145,41 +140,52 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m eval.verify", description=__doc__.split("\n\n")[0])
     add_model_arguments(p)
     p.add_argument("--data-dir", type=Path, required=True, help="folder holding <target>.bin")
-    p.add_argument("--targets", default="lfw,cfp_fp,agedb_30", help="comma-separated .bin names")
+    p.add_argument("--targets", default="lfw,cfp_fp,agedb_30",
+                   help="comma-separated names of DIR/<name>.bin, with or without .bin")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--roc", type=Path, help="write a ROC plot (PNG) of all targets")
     p.add_argument("--json", type=Path, help="write {target: {pairs, acc, ...}} as JSON")
     args = p.parse_args(argv)
     check_model_arguments(p, args)
-    args.targets = [t for t in args.targets.split(",") if t]
-    if not args.targets:
-        p.error("--targets is empty")
+    args.targets = target_paths(p, args.data_dir, args.targets)
     return args
+
+
+def target_paths(p: argparse.ArgumentParser, data_dir: Path, targets: str) -> dict[str, Path]:
+    """``{name: DIR/<name>.bin}`` for ``--targets``; ``lfw`` and ``lfw.bin`` name the same file."""
+    paths: dict[str, Path] = {}
+    for t in (t.strip() for t in targets.split(",")):
+        if not t:
+            continue
+        name = t.removesuffix(".bin")
+        if Path(name).name in paths:
+            p.error(f"--targets names {Path(name).name!r} twice ({targets!r})")
+        paths[Path(name).name] = data_dir / f"{name}.bin"
+    if not paths:
+        p.error("--targets is empty")
+    return paths
 
 
 def run(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """Evaluate every target; print the table; write --json / --roc. Returns test()'s results."""
-    paths = {t: args.data_dir / f"{t}.bin" for t in args.targets}
+    paths: dict[str, Path] = args.targets
     missing = [str(p) for p in paths.values() if not p.is_file()]
     if missing:
         raise FileNotFoundError(f"verification file(s) not found: {', '.join(missing)}")
     backbone = build_backbone(args)
     results: dict[str, dict[str, Any]] = {}
-    rows = []
     for target, path in paths.items():
         data = load_bin(path)
-        with tqdm(total=2 * data[0][0].shape[0], desc=target, unit="img", file=sys.stderr, leave=False) as bar:
+        with tqdm(total=2 * data.images.shape[0], desc=target, unit="img", file=sys.stderr, leave=False) as bar:
             results[target] = test(data, backbone, args.batch_size, progress=bar.update)
-        rows.append(format_row(target, results[target]))
-    print(HEADER)
-    print("\n".join(rows))
+    print("\n".join(format_table(results)))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         summary = {t: {k: r[k] for k in JSON_KEYS} for t, r in results.items()}
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
     if args.roc is not None:
         args.roc.parent.mkdir(parents=True, exist_ok=True)
-        curves = {f"{t} (acc {100 * r['acc']:.2f}%)": (r["fpr"], r["tpr"]) for t, r in results.items()}
+        curves = {f"{t} (acc {r['acc']:.4f})": (r["fpr"], r["tpr"]) for t, r in results.items()}
         write_roc_curves(args.roc, curves, str(args.onnx or args.weights or f"{args.network} seed {args.random_init}"))
     return results
 
@@ -188,8 +194,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         run(args)
+    except (BadBinError, RefusedGlobal) as exc:
+        # Bad data: say which file and what is wrong in one line; a traceback would only hide it.
+        print("eval.verify: error: " + " ".join(str(exc).split()), file=sys.stderr)
+        return 1
     except (FileNotFoundError, ValueError, pickle.UnpicklingError) as exc:
-        # The user's input was wrong: say what and where in one line; a traceback would only hide it.
+        # The command or its configuration was wrong (a missing file, weights for another network).
         print("eval.verify: error: " + " ".join(str(exc).split()), file=sys.stderr)
         return 2
     return 0

@@ -5,7 +5,12 @@
 Every line of the pairs file is ``path1 path2 label``, label 1 for the same identity and 0 otherwise;
 blank lines and lines starting with ``#`` are skipped; relative paths are taken from ``--root`` (default:
 the pairs file's folder). Images are stored as they are on disk (encoded JPEG/PNG bytes), so they should
-already be aligned 112×112 faces.
+already be aligned 112×112 faces. Every image is decoded first, with the decoder the trainer and
+``eval.verify`` use: if any cannot be, each is listed with its path and the reason and nothing is written.
+The `.bin` is written under a temporary name and renamed; its mode follows the umask like any new file.
+
+Exit status: 0 written; 1 bad data: an image that cannot be decoded; 2 usage: bad options, a malformed
+pairs file, a missing or unreadable image.
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ from typing import Sequence  # noqa: E402
 
 from tqdm import tqdm  # noqa: E402
 
+from dataset import decode  # noqa: E402
 from eval.verification import save_bin  # noqa: E402
 
 
@@ -42,6 +48,25 @@ def read_pairs(pairs_file: Path, root: Path) -> list[tuple[Path, Path, bool]]:
     return pairs
 
 
+def read_and_decode(paths: Sequence[Path]) -> tuple[dict[Path, bytes], list[str]]:
+    """The bytes of every file in ``paths`` and one ``"path: reason"`` per file that does not decode;
+    ``ValueError`` for a file that cannot be read."""
+    data: dict[Path, bytes] = {}
+    bad = []
+    for path in tqdm(paths, desc="make_bin: decoding", unit="img", disable=None):
+        if path in data:
+            continue
+        try:
+            data[path] = path.read_bytes()
+        except OSError as exc:
+            raise ValueError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+        try:
+            decode(data[path], str(path))
+        except ValueError as exc:
+            bad.append(str(exc))
+    return data, bad
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=Path, required=True, help="text file, one 'path1 path2 0|1' per line")
@@ -52,11 +77,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.pairs.is_file():
             raise ValueError(f"pairs file not found: {args.pairs}")
         pairs = read_pairs(args.pairs, args.root or args.pairs.parent)
-        images = []
-        for a, b, _ in tqdm(pairs, desc="reading", unit="pair"):
-            images += [a.read_bytes(), b.read_bytes()]
-        save_bin(args.out, images, [same for _, _, same in pairs])
-    except ValueError as exc:
+        data, bad = read_and_decode([p for a, b, _ in pairs for p in (a, b)])
+        if bad:
+            for line in bad:
+                print(f"make_bin: bad image {line}", file=sys.stderr)
+            print(f"make_bin: error: {len(bad)} of {len(data)} images cannot be decoded (listed above); "
+                  f"{args.out} not written", file=sys.stderr)
+            return 1
+        save_bin(args.out, [data[p] for a, b, _ in pairs for p in (a, b)], [same for _, _, same in pairs])
+    except (ValueError, OSError) as exc:  # OSError: an --out that cannot be written
         print(f"make_bin: error: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {args.out}: {len(pairs)} pairs ({sum(s for *_, s in pairs)} same)")

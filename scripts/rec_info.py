@@ -4,7 +4,11 @@
 
 --check reads every record, decodes every image and checks every label against num_classes; it lists
 ALL problems found (bad magic, truncated record, index offset past the end, undecodable image, label
-out of range, wrong image size) and exits 1 when there is any.
+out of range, wrong image size) and exits 1 when there is any. It also warns about classes below
+num_classes that have no image (a class no sample can teach); they do not change the exit status.
+
+Exit status: 0 read (and, with --check, no problem); 1 bad data: problems found, or a rec that cannot be
+opened as one; 2 usage: bad options, a missing folder or file.
 """
 from __future__ import annotations
 
@@ -23,7 +27,8 @@ from utils.recordio import IndexedRecordIO, RecordIOError, unpack  # noqa: E402
 
 
 def rec_info(root: Path, check: bool = False, image_size: tuple[int, int] | None = None) -> dict:
-    """``{"layout", "images", "num_classes", "classes_seen", "problems": [str, ...]}`` of ``root``."""
+    """``{"layout", "images", "num_classes", "classes_seen", "empty_classes", "problems": [str, ...]}`` of
+    ``root``; ``classes_seen`` and ``empty_classes`` (ids below num_classes without an image) need ``check``."""
     rec_path, idx_path = root / "train.rec", root / "train.idx"
     problems: list[str] = []
     with IndexedRecordIO(idx_path, rec_path, "r") as rec:
@@ -65,8 +70,9 @@ def rec_info(root: Path, check: bool = False, image_size: tuple[int, int] | None
                                         f"{size[0]}x{size[1]}")
                 except (RecordIOError, ValueError, KeyError) as exc:
                     problems.append(str(exc))
+    empty = [c for c in range(num_classes) if not labels[c]] if check and num_classes is not None else None
     return {"layout": layout, "images": len(keys), "num_classes": num_classes,
-            "classes_seen": len(labels) if check else None, "problems": problems}
+            "classes_seen": len(labels) if check else None, "empty_classes": empty, "problems": problems}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,12 +82,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         info = rec_info(args.root, args.check)
-    except (FileNotFoundError, RecordIOError, ValueError) as exc:
+    except FileNotFoundError as exc:
         print(f"rec_info: error: {exc}", file=sys.stderr)
         return 2
+    except (RecordIOError, ValueError) as exc:  # the files are there but are not a readable rec
+        print(f"rec_info: error: {exc}", file=sys.stderr)
+        return 1
     print(f"{args.root}: {info['layout']} layout, {info['images']} images, "
           f"num_classes={info['num_classes'] if info['num_classes'] is not None else 'unknown (no property)'}"
           + (f", {info['classes_seen']} classes with images" if args.check else ""))
+    if info["empty_classes"]:
+        empty = info["empty_classes"]
+        shown = ", ".join(map(str, empty[:20])) + (f" ... ({len(empty) - 20} more)" if len(empty) > 20 else "")
+        print(f"warning: {len(empty)} of {info['num_classes']} classes have no images: {shown}", file=sys.stderr)
     if info["problems"]:
         print(f"{len(info['problems'])} problems:", file=sys.stderr)
         for p in info["problems"]:

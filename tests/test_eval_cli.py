@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -75,6 +76,9 @@ def test_trained_network_beats_untrained_baseline(trained, capsys):
                       "--roc", trained / "roc.png")
     assert rc == 0
     assert out.splitlines()[0].startswith("target") and out.splitlines()[1].startswith("synth")
+    # 20 different pairs cannot reach FAR = 1e-3: the row says which FAR its VAL is at.
+    far = json.loads((trained / "trained.json").read_text())["synth"]["far"]
+    assert "FAR reached" in out.splitlines()[0] and out.splitlines()[1].split()[-3] == f"{far:.5f}"
     rc, _, _ = _run(capsys, *MODEL_ARGS, "--random-init", "0", "--data-dir", trained, "--targets", "synth",
                     "--json", trained / "random.json")
     assert rc == 0
@@ -125,7 +129,7 @@ def test_make_bin_round_trip(tmp_path):
             encode_jpeg(torch.randint(0, 256, (3, 112, 112), generator=g, dtype=torch.uint8)).numpy().tobytes())
     (tmp_path / "pairs.txt").write_text("# a comment\nimgs/0.jpg imgs/1.jpg 1\n\nimgs/2.jpg imgs/3.jpg 0\n")
     assert make_bin.main(["--pairs", str(tmp_path / "pairs.txt"), "--out", str(tmp_path / "out.bin")]) == 0
-    (images, _), issame = load_bin(tmp_path / "out.bin")
+    images, issame = load_bin(tmp_path / "out.bin")
     assert issame == [True, False] and images.shape == (4, 3, 112, 112)
     stored, _ = _read_pickle(tmp_path / "out.bin")  # the files' bytes, unchanged and in pair order
     assert stored == [(tmp_path / "imgs" / f"{i}.jpg").read_bytes() for i in range(4)]
@@ -137,3 +141,94 @@ def test_make_bin_round_trip(tmp_path):
         make_bin.read_pairs(tmp_path / "bad.txt", tmp_path)
     assert not (tmp_path / "bad.bin").exists()
 
+
+
+def _numbers(line: str) -> list[str]:
+    return re.findall(r"\d+\.\d+", line)
+
+
+@pytest.mark.timeout(120)
+def test_training_log_and_cli_print_the_same_table_in_the_same_units(trained, capsys, caplog):
+    from eval.callback import CallbackVerification
+    from utils.weights import load_weights
+
+    rc, out, _ = _run(capsys, *MODEL_ARGS, "--weights", trained / "model.pt", "--data-dir", trained,
+                      "--targets", "synth.bin", "--batch-size", "16")  # the name with its .bin works too
+    assert rc == 0
+    cli_row = out.splitlines()[1]
+    net = get_model("tiny", num_features=16, widths=(4, 8, 8, 16))
+    load_weights(net, trained / "model.pt", network="tiny")
+    callback = CallbackVerification(["synth"], trained, batch_size=16)
+    with caplog.at_level("INFO", logger="eval.callback"):
+        result = callback(3, net)["synth"]
+    log_rows = [line for line in caplog.text.splitlines() if line.startswith("synth")]
+    assert len(log_rows) == 1
+    # Same numbers, same formatting; the log adds the best accuracy so far after no-flip.
+    log_numbers = _numbers(log_rows[0])
+    assert log_numbers[:3] + log_numbers[4:] == _numbers(cli_row) and log_numbers[3] == log_numbers[0]
+    assert _numbers(cli_row)[0] == f"{result['acc']:.5f}" and 0.5 < result["acc"] <= 1  # a fraction
+    assert "%" not in out + caplog.text
+
+
+def test_targets_with_and_without_bin_and_twice(trained, capsys):
+    args = verify.parse_args([*MODEL_ARGS, "--random-init", "0", "--data-dir", str(trained),
+                              "--targets", "synth.bin,other, third"])
+    assert args.targets == {"synth": trained / "synth.bin", "other": trained / "other.bin",
+                            "third": trained / "third.bin"}
+    with pytest.raises(SystemExit) as exc:
+        verify.parse_args([*MODEL_ARGS, "--random-init", "0", "--data-dir", str(trained), "--targets", "synth,synth.bin"])
+    assert exc.value.code == 2 and "--targets names 'synth' twice" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+def test_bad_bin_exits_1_with_one_line_naming_the_file(tmp_path):
+    """A real process: what a user sees for a damaged download. Exit 1 = bad data, 2 = usage."""
+    save_bin(tmp_path / "lfw.bin", [encode_jpeg(torch.zeros(3, 112, 112, dtype=torch.uint8)).numpy().tobytes()] * 4,
+             [True, False])
+    data = (tmp_path / "lfw.bin").read_bytes()
+    (tmp_path / "lfw.bin").write_bytes(data[: len(data) // 2])
+    (tmp_path / "cfp_fp.bin").write_bytes(b"<html>404 Not Found</html>")
+    for target, message in (("lfw", "truncated pickle"), ("cfp_fp.bin", "not a verification file")):
+        proc = subprocess.run([sys.executable, "-m", "eval.verify", *MODEL_ARGS, "--random-init", "0", "--device",
+                               "cpu", "--data-dir", str(tmp_path), "--targets", target],
+                              cwd=ROOT, capture_output=True, text=True, timeout=50)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 1 and len(lines) == 1, proc.stderr
+        assert lines[0].startswith(f"eval.verify: error: {tmp_path / target.removesuffix('.bin')}.bin: {message}"), lines
+
+
+def _jpeg(seed: int) -> bytes:
+    g = torch.Generator().manual_seed(seed)
+    return encode_jpeg(torch.randint(0, 256, (3, 112, 112), generator=g, dtype=torch.uint8)).numpy().tobytes()
+
+
+def test_make_bin_decodes_every_image_first(tmp_path, capsys):
+    (tmp_path / "imgs").mkdir()
+    for i in range(4):
+        (tmp_path / "imgs" / f"{i}.jpg").write_bytes(_jpeg(i))
+    (tmp_path / "imgs" / "cut.jpg").write_bytes(_jpeg(9)[:1500])
+    (tmp_path / "imgs" / "text.png").write_text("not a png")
+    (tmp_path / "pairs.txt").write_text("imgs/0.jpg imgs/cut.jpg 1\nimgs/2.jpg imgs/3.jpg 0\n"
+                                        "imgs/text.png imgs/cut.jpg 0\n")
+    assert make_bin.main(["--pairs", str(tmp_path / "pairs.txt"), "--out", str(tmp_path / "out.bin")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert [line.split(": cannot decode image")[0] for line in err[:-1]] == [
+        f"make_bin: bad image {tmp_path / 'imgs' / 'cut.jpg'}", f"make_bin: bad image {tmp_path / 'imgs' / 'text.png'}"]
+    assert err[-1] == f"make_bin: error: 2 of 5 images cannot be decoded (listed above); {tmp_path / 'out.bin'} not written"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["imgs", "pairs.txt"]  # no .bin, no temporary
+
+
+@pytest.mark.timeout(60)
+def test_make_bin_file_mode_follows_the_umask(tmp_path):
+    """As a user types it, under a umask other than the default."""
+    for i in range(2):
+        (tmp_path / f"{i}.jpg").write_bytes(_jpeg(i))
+    (tmp_path / "pairs.txt").write_text("0.jpg 1.jpg 1\n")
+    proc = subprocess.run(["bash", "-c", f"umask 027 && {sys.executable} scripts/make_bin.py --pairs "
+                           f"{tmp_path / 'pairs.txt'} --out {tmp_path / 'set.bin'} && touch {tmp_path / 'plain'}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=50)
+    assert proc.returncode == 0, proc.stderr
+    assert "wrote" in proc.stdout and "1 pairs (1 same)" in proc.stdout
+    mode = (tmp_path / "set.bin").stat().st_mode & 0o777
+    assert mode == 0o640 == (tmp_path / "plain").stat().st_mode & 0o777, oct(mode)
+    assert load_bin(tmp_path / "set.bin").issame == [True]

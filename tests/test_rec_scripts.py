@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -12,6 +14,7 @@ from _paths import FIXTURES, ROOT
 from PIL import Image
 
 from dataset import ImageFolderDataset, MXFaceDataset
+from scripts.make_rec import list_image_folder, make_rec
 from scripts.make_rec import main as make_rec_main
 from scripts.rec_info import main as rec_info_main
 from scripts.rec_info import rec_info
@@ -134,3 +137,157 @@ def test_unpack_rec_to_image_folder(tmp_path):
     folder = ImageFolderDataset(tmp_path)
     assert folder.num_classes == src.num_classes == 4
     assert [folder.raw(i)[:2] for i in range(12)] == [src.raw(i)[:2] for i in range(12)]
+
+
+# --- make_rec on messy folders ------------------------------------------------------------------------
+
+def _messy_folder(root):
+    """Identities: amy (2 good, 1 truncated), bob (empty), cat (only bad files), dan (1 good, 1 re-encoded,
+    a folder named like an image)."""
+    for name in ("amy", "bob", "cat", "dan"):
+        (root / name).mkdir(parents=True)
+    (root / "amy" / "0.jpg").write_bytes(_image(0))
+    (root / "amy" / "1.jpg").write_bytes(_image(1))
+    (root / "amy" / "2.jpg").write_bytes(_image(2)[:2000])              # truncated JPEG
+    (root / "cat" / "0.jpg").write_bytes(b"")                          # empty file
+    (root / "cat" / "1.png").write_bytes(b"not an image at all")       # not an image
+    (root / "dan" / "0.jpg").write_bytes(_image(3))
+    (root / "dan" / "1.png").write_bytes(_image(4, size=(64, 80), fmt="PNG"))  # wrong size: re-encoded
+    (root / "dan" / "2.jpg").mkdir()                                   # cannot be read
+    return {"truncated": root / "amy" / "2.jpg", "empty": root / "cat" / "0.jpg",
+            "garbage": root / "cat" / "1.png", "folder": root / "dan" / "2.jpg"}
+
+
+def _leftovers(root):
+    """Anything a failed or finished make_rec should not have left: temporaries and staging folders."""
+    return sorted(str(p) for p in root.rglob("*") if p.name.endswith(".tmp") or p.name.startswith(".make_rec-"))
+
+
+def test_make_rec_skips_bad_files_and_identities_without_images(tmp_path, capsys):
+    bad = _messy_folder(tmp_path / "faces")
+    assert make_rec_main(["--images", str(tmp_path / "faces"), "--out", str(tmp_path / "rec")]) == 0
+    out, err = capsys.readouterr()
+    assert "wrote 4 images of 2 classes" in out and "1 re-encoded" in out and "4 bad files skipped" in out
+    lines = err.splitlines()
+    for reason, needle in (("truncated", "cannot decode image"), ("empty", "empty file (0 bytes)"),
+                           ("garbage", "not an image in a known format"), ("folder", "cannot read: Is a directory")):
+        hits = [line for line in lines if f"make_rec: skipped {bad[reason]}: {needle}" in line]
+        assert len(hits) == 1, (reason, err)
+    assert any(f"identity folder {tmp_path / 'faces' / 'bob'} left out (no JPEG/PNG files)" in line for line in lines)
+    assert any(f"identity folder {tmp_path / 'faces' / 'cat'} left out (all 2 images are bad)" in line for line in lines)
+    ds = MXFaceDataset(tmp_path / "rec")
+    # amy and dan are classes 0 and 1: the left-out folders take no class id.
+    assert ds.num_classes == 2 and [ds.raw(i)[1] for i in range(len(ds))] == [0, 0, 1, 1]
+    assert ds.raw(0)[0] == _image(0) and ds.raw(2)[0] == _image(3)
+    assert rec_info_main([str(tmp_path / "rec"), "--check"]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "rec").iterdir()) == ["property", "train.idx", "train.rec"]
+    report = make_rec(list_image_folder(tmp_path / "faces"), tmp_path / "rec2")
+    assert report.dropped_folders == [tmp_path / "faces" / "bob", tmp_path / "faces" / "cat"]
+    assert (report.images, report.classes, report.reencoded, len(report.bad)) == (4, 2, 1, 4)
+
+
+def test_make_rec_no_skip_bad_lists_every_bad_file_and_writes_nothing(tmp_path, capsys):
+    bad = _messy_folder(tmp_path / "faces")
+    assert make_rec_main(["--images", str(tmp_path / "faces"), "--out", str(tmp_path / "new"), "--no-skip-bad"]) == 1
+    err = capsys.readouterr().err
+    assert all(f"make_rec: bad image {path}: " in err for path in bad.values()), err
+    assert err.strip().splitlines()[-1] == ("make_rec: error: 4 of 8 images cannot be read or decoded (listed "
+                                            "above); nothing written (--skip-bad leaves them out)")
+    assert not (tmp_path / "new").exists()  # not even the folder
+    # A rec already in --out stays as it was.
+    (tmp_path / "good" / "a").mkdir(parents=True)
+    (tmp_path / "good" / "a" / "0.jpg").write_bytes(_image(7))
+    assert make_rec_main(["--images", str(tmp_path / "good"), "--out", str(tmp_path / "rec")]) == 0
+    before = {p.name: p.read_bytes() for p in (tmp_path / "rec").iterdir()}
+    assert make_rec_main(["--images", str(tmp_path / "faces"), "--out", str(tmp_path / "rec"), "--no-skip-bad"]) == 1
+    assert {p.name: p.read_bytes() for p in (tmp_path / "rec").iterdir()} == before
+    assert _leftovers(tmp_path) == []
+
+
+def test_make_rec_list_keeps_labels_and_warns_about_classes_without_images(tmp_path, capsys):
+    for i in range(3):
+        (tmp_path / f"{i}.jpg").write_bytes(_image(i))
+    (tmp_path / "bad.jpg").write_bytes(_image(9)[:1500])  # truncated
+    # label 1 has only a bad image, label 3 none; --num-classes 5 adds class 4
+    (tmp_path / "l.lst").write_text("0.jpg\t0\nbad.jpg\t1\n1.jpg\t2\n2.jpg\t2\n")
+    assert make_rec_main(["--list", str(tmp_path / "l.lst"), "--out", str(tmp_path / "rec"),
+                          "--num-classes", "5"]) == 0
+    err = capsys.readouterr().err
+    assert f"make_rec: skipped {tmp_path / 'bad.jpg'}: cannot decode image" in err
+    assert "make_rec: warning: 3 of 5 classes have no images: 1, 3, 4" in err
+    ds = MXFaceDataset(tmp_path / "rec")
+    assert ds.num_classes == 5 and [ds.raw(i)[1] for i in range(len(ds))] == [0, 2, 2]
+    assert rec_info_main([str(tmp_path / "rec"), "--check"]) == 0  # a warning, not a problem
+    assert "warning: 3 of 5 classes have no images: 1, 3, 4" in capsys.readouterr().err
+    assert rec_info(tmp_path / "rec", check=True)["empty_classes"] == [1, 3, 4]
+
+
+@pytest.mark.parametrize("argv, code, message", [
+    (["--images", "{tmp}/nowhere"], 2, "make_rec: error: image folder {tmp}/nowhere does not exist"),
+    (["--list", "{tmp}/nowhere.lst"], 2, "make_rec: error: list file {tmp}/nowhere.lst does not exist"),
+    (["--list", "{tmp}/l.lst", "--num-classes", "2"], 2,
+     "make_rec: error: --num-classes 2 is below the 3 classes of the input (labels 0..2)"),
+    (["--list", "{tmp}/bad.lst"], 1,
+     "make_rec: error: none of the 1 images can be read or decoded (listed above); nothing written"),
+])
+def test_make_rec_errors_are_one_line(tmp_path, capsys, argv, code, message):
+    (tmp_path / "a.jpg").write_bytes(_image(0))
+    (tmp_path / "b.jpg").write_bytes(b"")
+    (tmp_path / "l.lst").write_text("a.jpg\t2\n")
+    (tmp_path / "bad.lst").write_text("b.jpg\t0\n")
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    assert make_rec_main([*argv, "--out", str(tmp_path / "rec")]) == code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == message.format(tmp=tmp_path), err
+    assert not (tmp_path / "rec").exists()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_make_rec_stopped_while_writing_leaves_no_temporary_files(tmp_path, sig):
+    """A real process, stopped by SIGTERM or Ctrl-C in the middle of writing: a FIFO among the images lets
+    the test feed it once (the check pass) and then hold the write pass on it."""
+    faces = tmp_path / "faces"
+    (faces / "a").mkdir(parents=True)
+    for i in range(3):
+        (faces / "a" / f"{i}.jpg").write_bytes(_image(i))
+    (faces / "b").mkdir()
+    (faces / "b" / "z.jpg").write_bytes(_image(5))
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "a").mkdir()
+    (tmp_path / "old" / "a" / "0.jpg").write_bytes(_image(9))
+    assert make_rec_main(["--images", str(tmp_path / "old"), "--out", str(tmp_path / "rec")]) == 0
+    before = {p.name: p.read_bytes() for p in (tmp_path / "rec").iterdir()}
+    fifo = faces / "b" / "zz.jpg"  # sorted last: the writer blocks on it after writing the others
+    os.mkfifo(fifo)
+    proc = subprocess.Popen([sys.executable, "scripts/make_rec.py", "--images", str(faces), "--out",
+                             str(tmp_path / "rec")], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        with open(fifo, "wb") as f:  # the check pass reads it once
+            f.write(_image(6))
+        deadline = time.monotonic() + 40
+        while not list((tmp_path / "rec").glob(".make_rec-*/train.rec.tmp")):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + sig, err
+    assert "Traceback" not in err and (sig == signal.SIGTERM or err.splitlines()[-1] == "make_rec: interrupted; nothing written")
+    assert _leftovers(tmp_path) == []
+    assert {p.name: p.read_bytes() for p in (tmp_path / "rec").iterdir()} == before
+
+
+def test_rec_info_exit_status_separates_bad_data_from_usage(tmp_path, capsys):
+    (tmp_path / "train.idx").write_text("garbage\n")
+    (tmp_path / "train.rec").write_bytes(b"")
+    assert rec_info_main([str(tmp_path)]) == 1  # there, but not a rec
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"rec_info: error: {tmp_path / 'train.idx'}: line 1 is b'garbage'; expected 'key<TAB>offset' with two "
+        f"integers"]
+    assert rec_info_main([str(tmp_path / "missing")]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1

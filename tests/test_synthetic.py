@@ -103,7 +103,7 @@ def test_script_writes_real_formats_that_our_readers_read_back(tmp_path):
         assert recordio.unpack(rec.read_idx(4))[1] == S.train_identity_images(0, 1, 3)[0]
 
     for target, kind in (("syn_easy", "easy"), ("syn_hard", "hard")):
-        (images, flipped), issame = verification.load_bin(out / f"{target}.bin")
+        images, issame = verification.load_bin(out / f"{target}.bin")
         assert tuple(images.shape) == (16, 3, 112, 112) and issame == [i % 2 == 0 for i in range(8)]
     stamp = json.loads((out / S.STAMP_NAME).read_text())
     assert stamp["train_ids"][1] <= min(v[0] for v in stamp["eval_ids"].values())

@@ -30,10 +30,11 @@ def _jpegs(n: int, seed: int = 0, size: int = 112) -> list[bytes]:
 
 def test_tiny_bin_matches_its_manifest():
     manifest = json.loads((TINY_BIN.parent / "tiny.bin.json").read_text())
-    (images, flipped), issame = V.load_bin(TINY_BIN)
+    data = V.load_bin(TINY_BIN)
+    images, issame = data
+    assert isinstance(data, V.BinData) and data.images is images and data.issame is issame
     assert issame == manifest["issame"] and len(issame) == manifest["pairs"]
     assert images.dtype == torch.uint8 and images.shape == (2 * manifest["pairs"], 3, 112, 112)
-    assert torch.equal(flipped, images.flip(3))
     raw, _ = V._read_pickle(TINY_BIN)
     assert [hashlib.sha256(bytes(b)).hexdigest() for b in raw] == manifest["sha256"]
 
@@ -42,7 +43,7 @@ def test_save_bin_round_trip_and_resize(tmp_path):
     jpegs = _jpegs(4, size=96)
     V.save_bin(tmp_path / "x.bin", jpegs, [True, False])
     assert [p.name for p in tmp_path.iterdir()] == ["x.bin"]  # no temporary left behind
-    (images, flipped), issame = V.load_bin(tmp_path / "x.bin", image_size=(112, 112))
+    images, issame = V.load_bin(tmp_path / "x.bin", image_size=(112, 112))
     assert issame == [True, False] and images.shape == (4, 3, 112, 112)
     with pytest.raises(ValueError, match=r"3 images for 2 pairs"):
         V.save_bin(tmp_path / "y.bin", jpegs[:3], [True, False])
@@ -68,10 +69,10 @@ def test_python2_pickle_with_binstrings_and_numpy_arrays_loads(tmp_path):
     data = b"\x80\x02(]q\x00(" + b"".join(items) + b"e]q\x01(\x88\x89et."
     path = tmp_path / "py2.bin"
     path.write_bytes(data)
-    (images, _), issame = V.load_bin(path)
+    images, issame = V.load_bin(path)
     assert issame == [True, False]
     V.save_bin(tmp_path / "py3.bin", jpegs, [True, False])
-    (expected, _), _ = V.load_bin(tmp_path / "py3.bin")
+    expected, _ = V.load_bin(tmp_path / "py3.bin")
     assert torch.equal(images, expected)
 
 
@@ -87,7 +88,7 @@ def test_pickle_that_would_run_a_command_is_refused(tmp_path):
     marker = tmp_path / "pwned"
     path = tmp_path / "evil.bin"
     path.write_bytes(pickle.dumps(([_RunsCommand(marker), b"x"], [True]), protocol=2))
-    with pytest.raises(pickle.UnpicklingError, match=r"evil\.bin: refused global (posix|nt)\.system"):
+    with pytest.raises(V.RefusedGlobal, match=r"evil\.bin: refused global (posix|nt)\.system"):
         V.load_bin(path)
     assert not marker.exists()
 
@@ -103,13 +104,58 @@ def test_codecs_encode_only_as_latin1(tmp_path):
 def test_malformed_files_name_the_problem(tmp_path):
     path = tmp_path / "bad.bin"
     path.write_bytes(pickle.dumps(([b"abc", b"def"], [True])))
-    with pytest.raises(ValueError, match=r"bad\.bin: image 0 cannot be decoded"):
+    with pytest.raises(V.BadBinError, match=r"bad\.bin: image 0 cannot be decoded"):
         V.load_bin(path)
     path.write_bytes(pickle.dumps(([b"abc"], [True])))
-    with pytest.raises(ValueError, match=r"bad\.bin: 1 images for 1 pairs"):
+    with pytest.raises(V.BadBinError, match=r"bad\.bin: 1 images for 1 pairs"):
         V.load_bin(path)
     with pytest.raises(FileNotFoundError, match="missing.bin"):
         V.load_bin(tmp_path / "missing.bin")
+
+
+def test_truncated_file_says_so_wherever_it_is_cut(tmp_path):
+    V.save_bin(tmp_path / "whole.bin", _jpegs(4), [True, False])
+    data = (tmp_path / "whole.bin").read_bytes()
+    # Every cut: inside the header, a length field, an image, the issame list, just before STOP.
+    for cut in sorted({0, 1, 2, 5, 11, 20, 40, len(data) // 3, len(data) // 2, len(data) - 12, len(data) - 2,
+                       len(data) - 1}):
+        path = tmp_path / "x.bin"
+        path.write_bytes(data[:cut])
+        with pytest.raises(V.BadBinError, match=r"^\S*x\.bin: truncated pickle"):
+            V.load_bin(path)
+
+
+@pytest.mark.parametrize("content", [
+    pytest.param(lambda: _jpegs(1)[0], id="a JPEG"),
+    pytest.param(lambda: b"lfw pairs\n1 2 3\n", id="text"),
+    pytest.param(lambda: pickle.dumps({"bins": [], "issame": []}), id="a pickled dict"),
+    pytest.param(lambda: pickle.dumps(([b"x", b"y"], [True], 3)), id="a 3-tuple"),
+    pytest.param(lambda: pickle.dumps((b"xy", [True])), id="bytes instead of a list"),
+    pytest.param(lambda: pickle.dumps(([1, 2], [True])), id="ints instead of images"),
+])
+def test_other_files_are_not_verification_files(tmp_path, content):
+    path = tmp_path / "x.bin"
+    path.write_bytes(content())
+    with pytest.raises(V.BadBinError, match=r"^\S*x\.bin: not a verification file"):
+        V.load_bin(path)
+
+
+def test_a_torch_checkpoint_is_not_a_verification_file(tmp_path):
+    torch.save({"w": torch.zeros(2)}, tmp_path / "x.bin")  # a zip archive: 'P' reads as a pickle opcode
+    with pytest.raises(V.BadBinError, match=r"^\S*x\.bin: not a verification file"):
+        V.load_bin(tmp_path / "x.bin")
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o002])
+def test_save_bin_mode_follows_the_umask(tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        V.save_bin(tmp_path / "x.bin", _jpegs(2), [True])
+        (tmp_path / "plain").write_bytes(b"")  # what any other new file gets
+    finally:
+        os.umask(old)
+    assert (tmp_path / "x.bin").stat().st_mode & 0o777 == 0o666 & ~umask == (tmp_path / "plain").stat().st_mode & 0o777
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain", "x.bin"]
 
 
 # --- evaluate against a brute-force reference ----------------------------------------------------------
@@ -219,9 +265,53 @@ def test_test_restores_mode_and_feeds_normalised_batches(training):
     # flip: the sum of both copies' embeddings; no-flip: the original only
     with torch.no_grad():
         net.eval()
-        orig = V.embed(data[0][0], net, 4)
+        orig = V.embed(data.images, net, 4)
     _, _, acc_noflip, *_ = V.evaluate(orig, data[1], nrof_folds=2)
     assert result["acc_noflip"] == float(acc_noflip.mean())
+
+
+def _stored_flip_reference(images: torch.Tensor, issame: list[bool], net: nn.Module, batch_size: int,
+                           nfolds: int) -> dict:
+    """test()'s numbers computed the way they were before the flip became lazy: a whole mirrored copy of
+    the set, each copy embedded batch by batch, the flip embedding the sum of both."""
+    mirrored = torch.flip(images, dims=[3]).contiguous()  # (2P, 3, H, W)
+    outs = []
+    with torch.no_grad():
+        for copy in (images, mirrored):
+            feats = [net((copy[s:s + batch_size].float() - 127.5) / 127.5).numpy()
+                     for s in range(0, copy.shape[0], batch_size)]
+            outs.append(np.concatenate(feats).astype(np.float64))  # (2P, D)
+    original, flipped = outs
+    tpr, fpr, accuracy, thresholds = V.calculate_roc(original + flipped, issame, nrof_folds=nfolds)
+    val, val_std, far = V.calculate_val(original + flipped, issame, 1e-3, nrof_folds=nfolds)
+    _, _, acc_noflip, *_ = V.evaluate(original, issame, nrof_folds=nfolds)
+    return {"acc": float(accuracy.mean()), "acc_std": float(accuracy.std()), "acc_noflip": float(acc_noflip.mean()),
+            "val": val, "val_std": val_std, "far": far, "threshold": float(thresholds.mean()), "fpr": fpr, "tpr": tpr,
+            "xnorm": float(np.mean(np.linalg.norm(np.concatenate([original, flipped]), axis=1)))}
+
+
+@pytest.mark.parametrize("batch_size", [3, 16])
+def test_lazy_flip_gives_the_numbers_of_a_stored_mirrored_copy(batch_size):
+    data = V.load_bin(TINY_BIN)
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 5, stride=4), nn.ReLU(), nn.Flatten(), nn.LazyLinear(6))
+    net(torch.zeros(1, 3, 112, 112))  # materialise the lazy layer
+    net.eval()
+    expected = _stored_flip_reference(data.images, data.issame, net, batch_size, nfolds=2)
+    result = V.test(data, net, batch_size, nfolds=2)
+    for key, value in expected.items():
+        assert np.array_equal(result[key], value), key  # exactly: the same pixels reach the network
+    # The mirrored pixels really are mirrored: the network is not symmetric, so the copies differ.
+    with torch.no_grad():
+        assert not np.array_equal(V.embed(data.images, net, batch_size), V.embed(data.images, net, batch_size, flip=True))
+        assert np.array_equal(V.embed(data.images, net, batch_size, flip=True),
+                              V.embed(data.images.flip(3), net, batch_size))
+
+
+def test_test_refuses_the_old_two_copy_layout():
+    data = V.load_bin(TINY_BIN)
+    with pytest.raises(ValueError, match=r"BinData\(images, issame\)"):
+        V.test(([data.images, data.images.flip(3)], data.issame), _Recorder(), 4, nfolds=2)
 
 
 # --- CallbackVerification ------------------------------------------------------------------------------
