@@ -1,5 +1,7 @@
-"""utils.lr_scheduler: boundary values, shape of the curve, agreement with arcface_torch's formula."""
+"""utils.lr_scheduler: boundary values for power 1 and 2, shape of the curve, agreement with arcface_torch."""
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -8,42 +10,101 @@ from utils.lr_scheduler import apply_lr, lr_at
 
 
 def _reference_poly(step: int, base_lr: float, warmup: int, total: int) -> float:
-    """arcface_torch PolyScheduler.get_lr written out independently (power 2, last_epoch = step)."""
+    """arcface_torch's older PolyScheduler.get_lr written out independently (power 2, last_epoch = step)."""
     if step < warmup:
         return base_lr * float(step) / float(warmup)
     return base_lr * pow(1 - float(step - warmup) / float(total - warmup), 2)
 
 
-def test_boundaries_with_warmup():
+def reference_polynomial_warmup(base_lr: float, warmup: int, total: int, power: float, steps: int) -> list[float]:
+    """The learning rate of each of the first ``steps`` updates under arcface_torch's current PolynomialLRWarmup.
+
+    Written out independently from its behaviour: a torch scheduler's constructor takes step 0, which returns
+    the optimizer's initial lr (the peak); every later step ``l`` returns ``base * l / w`` while ``l <= w`` and
+    otherwise multiplies the previous lr by ``((1 - (l - w)/(t - w)) / (1 - (l - 1 - w)/(t - w))) ** power``; past
+    ``t`` it keeps the last value. Update ``k`` (0-based) uses the value of step ``k``. ``warmup`` may be
+    negative (a recipe's ``warmup_epoch = -1``).
+    """
+    lrs, lr = [], base_lr
+    for step in range(steps):
+        if step == 0 or step > total:
+            pass
+        elif step <= warmup:
+            lr = base_lr * step / warmup
+        else:
+            lr *= ((1.0 - (step - warmup) / (total - warmup)) / (1.0 - (step - 1 - warmup) / (total - warmup))) ** power
+        lrs.append(lr)
+    return lrs
+
+
+def test_boundaries_with_warmup_power_1():
     assert lr_at(0, 0.1, 10, 100) == 0.0
     assert lr_at(5, 0.1, 10, 100) == pytest.approx(0.05)
     assert lr_at(10, 0.1, 10, 100) == pytest.approx(0.1)  # end of warm-up: the peak
-    assert lr_at(55, 0.1, 10, 100) == pytest.approx(0.1 * 0.5 ** 2)
-    assert lr_at(99, 0.1, 10, 100) == pytest.approx(0.1 * (1 / 90) ** 2)
+    assert lr_at(55, 0.1, 10, 100) == pytest.approx(0.1 * 0.5)
+    assert lr_at(99, 0.1, 10, 100) == pytest.approx(0.1 / 90)
     assert lr_at(100, 0.1, 10, 100) == 0.0
     assert lr_at(10_000, 0.1, 10, 100) == 0.0
 
 
+def test_boundaries_with_warmup_power_2():
+    assert lr_at(0, 0.1, 10, 100, power=2.0) == 0.0
+    assert lr_at(5, 0.1, 10, 100, power=2.0) == pytest.approx(0.05)  # warm-up does not depend on the power
+    assert lr_at(10, 0.1, 10, 100, power=2.0) == pytest.approx(0.1)
+    assert lr_at(55, 0.1, 10, 100, power=2.0) == pytest.approx(0.1 * 0.5 ** 2)
+    assert lr_at(99, 0.1, 10, 100, power=2.0) == pytest.approx(0.1 * (1 / 90) ** 2)
+    assert lr_at(100, 0.1, 10, 100, power=2.0) == 0.0
+
+
+def test_default_power_is_linear():
+    lrs = [lr_at(s, 1.0, 0, 8) for s in range(9)]
+    assert lrs == pytest.approx([1.0, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25, 0.125, 0.0])
+    assert [lr_at(s, 1.0, 0, 8, power=1.0) for s in range(9)] == lrs
+
+
 def test_no_warmup_starts_at_peak():
     assert lr_at(0, 0.2, 0, 50) == pytest.approx(0.2)
-    assert lr_at(25, 0.2, 0, 50) == pytest.approx(0.2 * 0.25)
+    assert lr_at(25, 0.2, 0, 50) == pytest.approx(0.2 * 0.5)
+    assert lr_at(25, 0.2, 0, 50, power=2.0) == pytest.approx(0.2 * 0.25)
 
 
-def test_monotonic_up_then_down():
-    lrs = [lr_at(s, 1.0, 20, 200) for s in range(201)]
+@pytest.mark.parametrize("power", [1.0, 2.0, 0.5])
+def test_monotonic_up_then_down(power):
+    lrs = [lr_at(s, 1.0, 20, 200, power=power) for s in range(201)]
     assert all(a < b for a, b in zip(lrs[:20], lrs[1:21]))
     assert all(a > b for a, b in zip(lrs[20:200], lrs[21:201]))
     assert max(lrs) == lrs[20] == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("warmup,total", [(0, 37), (3, 37), (10, 11), (100, 5000)])
-def test_matches_reference_formula(warmup, total):
+def test_power_2_matches_older_poly_scheduler(warmup, total):
     for step in range(total):
-        assert lr_at(step, 0.4, warmup, total) == pytest.approx(_reference_poly(step, 0.4, warmup, total), rel=1e-12)
+        assert lr_at(step, 0.4, warmup, total, power=2.0) == pytest.approx(
+            _reference_poly(step, 0.4, warmup, total), rel=1e-12)
 
 
-def test_power_is_a_parameter():
+@pytest.mark.parametrize("power", [1.0, 2.0])
+@pytest.mark.parametrize("warmup,total", [(0, 37), (3, 37), (10, 11), (100, 5000)])
+def test_matches_current_polynomial_warmup(warmup, total, power):
+    reference = reference_polynomial_warmup(0.4, warmup, total, power, total + 3)
+    ours = [lr_at(step, 0.4, warmup, total, power=power) for step in range(total + 3)]
+    # Step 0 with warm-up is the one documented difference (the reference trains it at the peak).
+    first = 1 if warmup > 0 else 0
+    assert ours[first:] == pytest.approx(reference[first:], rel=1e-9, abs=1e-15)
+    if warmup > 0:
+        assert (ours[0], reference[0]) == (0.0, 0.4)
+
+
+def test_power_changes_only_the_decay():
     assert lr_at(50, 1.0, 0, 100, power=1.0) == pytest.approx(0.5)
+    assert lr_at(50, 1.0, 0, 100, power=3.0) == pytest.approx(0.125)
+    assert lr_at(3, 1.0, 10, 100, power=1.0) == lr_at(3, 1.0, 10, 100, power=3.0)
+
+
+@pytest.mark.parametrize("power", [0.0, -1.0, math.inf, math.nan])
+def test_bad_power_rejected(power):
+    with pytest.raises(ValueError, match="power"):
+        lr_at(5, 0.1, 0, 10, power=power)
 
 
 def test_negative_step_rejected():
