@@ -285,7 +285,8 @@ def optimizer_step(job: Job, state: TrainState, micro_batches: list[tuple[torch.
     from utils.lr_scheduler import apply_lr, lr_at
 
     cfg, d = job.cfg, job.derived
-    apply_lr([job.opt_backbone, job.opt_head], lr_at(state.step, cfg.lr, d.warmup_steps, d.total_steps))
+    apply_lr([job.opt_backbone, job.opt_head],
+             lr_at(state.step, cfg.lr, d.warmup_steps, d.total_steps, power=cfg.lr_power))
     autocast = (torch.autocast(job.device.type, dtype=job.autocast_dtype) if job.autocast_dtype is not None
                 else nullcontext())
     # Batch-norm running statistics change in the forward pass itself; a skipped step must put them back, or

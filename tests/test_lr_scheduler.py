@@ -120,3 +120,22 @@ def test_apply_lr_sets_every_group_of_every_optimizer():
     assert [g["lr"] for g in sgd.param_groups + adamw.param_groups] == [0.0123] * 3
     apply_lr(sgd, 0.5)
     assert [g["lr"] for g in sgd.param_groups] == [0.5, 0.5]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_trainer_applies_lr_power(tmp_path):
+    """train.py passes `lr_power` on: the logged lr of each step follows lr_at with that power."""
+    import re
+
+    from _launch import train
+
+    output = tmp_path / "out"
+    train("configs/debug_cpu", output, "max_steps=6", "frequent=1", "save_every_steps=0", "lr_power=3")
+    logged = {int(m.group(1)): float(m.group(2)) for m in re.finditer(r"step (\d+)/6 .*\| lr (\S+) \|",
+                                                                       (output / "training.log").read_text())}
+    assert sorted(logged) == [1, 2, 3, 4, 5, 6], logged
+    # The line of step n reports the lr of update n - 1 (0-based), which lr_at gives.
+    for step, lr in logged.items():
+        assert lr == pytest.approx(lr_at(step - 1, 0.1, 0, 6, power=3.0), abs=1e-6), (step, lr)
+    assert logged[2] != pytest.approx(lr_at(1, 0.1, 0, 6, power=1.0), abs=1e-6)
