@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from _lr_reference import reference_polynomial_warmup
 from utils.lr_scheduler import apply_lr, lr_at
 
 
@@ -14,27 +15,6 @@ def _reference_poly(step: int, base_lr: float, warmup: int, total: int) -> float
     if step < warmup:
         return base_lr * float(step) / float(warmup)
     return base_lr * pow(1 - float(step - warmup) / float(total - warmup), 2)
-
-
-def reference_polynomial_warmup(base_lr: float, warmup: int, total: int, power: float, steps: int) -> list[float]:
-    """The learning rate of each of the first ``steps`` updates under arcface_torch's current PolynomialLRWarmup.
-
-    Written out independently from its behaviour: a torch scheduler's constructor takes step 0, which returns
-    the optimizer's initial lr (the peak); every later step ``l`` returns ``base * l / w`` while ``l <= w`` and
-    otherwise multiplies the previous lr by ``((1 - (l - w)/(t - w)) / (1 - (l - 1 - w)/(t - w))) ** power``; past
-    ``t`` it keeps the last value. Update ``k`` (0-based) uses the value of step ``k``. ``warmup`` may be
-    negative (a recipe's ``warmup_epoch = -1``).
-    """
-    lrs, lr = [], base_lr
-    for step in range(steps):
-        if step == 0 or step > total:
-            pass
-        elif step <= warmup:
-            lr = base_lr * step / warmup
-        else:
-            lr *= ((1.0 - (step - warmup) / (total - warmup)) / (1.0 - (step - 1 - warmup) / (total - warmup))) ** power
-        lrs.append(lr)
-    return lrs
 
 
 def test_boundaries_with_warmup_power_1():
