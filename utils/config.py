@@ -317,7 +317,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "num_classes": _rule(lambda v: v >= 1, ">= 1"),
     "num_image": _rule(lambda v: v >= 1, ">= 1"),
     "num_epoch": _rule(lambda v: v >= 0, ">= 0 (and >= 1 unless max_steps > 0)"),
-    "warmup_epoch": _rule(lambda v: v >= 0, ">= 0 (arcface_torch's -1 trains as 0 there: no warm-up)"),
+    "warmup_epoch": _rule(lambda v: v >= 0, ">= 0 (arcface_torch's -1 trains as 0 there, with no warm-up: write 0)"),
     "dali_aug": _rule(lambda v: v is False, "False: arcface_torch's DALI augmentation is not implemented, because our "
                       "loaders make every image a function of (seed, epoch, sample) and DALI's GPU operators have no "
                       "exact CPU counterpart; set dali_aug = False to train with flips only"),
