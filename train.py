@@ -366,7 +366,8 @@ def optimizer_step(job: Job, state: TrainState,
     from utils.precision import autocast
 
     cfg, d = job.cfg, job.derived
-    apply_lr([job.opt_backbone, job.opt_head], lr_at(state.step, cfg.lr, d.warmup_steps, d.total_steps))
+    apply_lr([job.opt_backbone, job.opt_head],
+             lr_at(state.step, cfg.lr, d.warmup_steps, d.total_steps, power=cfg.lr_power))
     # Batch-norm running statistics change in the forward pass itself; a skipped step must put them back, or
     # one NaN batch poisons every later evaluation and checkpoint. The copy is small (r100: ~0.2 MB).
     saved_buffers = [b.detach().clone() for b in job.model.buffers()]

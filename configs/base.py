@@ -62,8 +62,12 @@ config.tf32 = True
 config.batch_size = 128
 # Optimizer for backbone and head: "sgd" | "adamw". arcface_torch's AdamW recipes use lr 0.001, wd 0.1.
 config.optimizer = "sgd"
-# Peak learning rate (reached at the end of warm-up, then polynomial decay with power 2 to 0); > 0.
+# Peak learning rate (reached at the end of warm-up, then polynomial decay to 0 with power lr_power); > 0.
 config.lr = 0.1
+# Power of the decay after warm-up: lr * (1 - progress) ** lr_power. 1 = linear, as arcface_torch's current
+# trainer; 2 = its older PolyScheduler and this trainer before the key existed (checkpoints written then resume
+# with lr_power = 2); finite and > 0.
+config.lr_power = 1.0
 # SGD momentum, or AdamW beta1; range [0, 1).
 config.momentum = 0.9
 # Weight decay (L2 for SGD, decoupled for AdamW); >= 0.
@@ -92,6 +96,11 @@ config.max_steps = 0
 # NVIDIA DALI loader (GPU JPEG decoding; needs the optional nvidia-dali package, a CUDA device and a rec
 # without the header record: scripts/shuffle_rec.py). Resumes at the right step but not with the same images.
 config.dali = False
+# arcface_torch's extra DALI augmentation (random down-and-up resize, blur, hue/saturation shift, grayscale).
+# Refused: only False is accepted. Our loaders make every image a function of (seed, epoch, sample) so that a
+# resumed or resized run sees the same batches, and DALI's GPU operators have no exact CPU counterpart, so the
+# two loaders would train on different images. Recipes that set it train without it (their docstring says so).
+config.dali_aug = False
 # Data-loading worker processes per rank; >= 0 (0 = load in the training process).
 config.num_workers = 2
 # Seed for weights, Partial FC sampling, shuffling and flips; >= 0.

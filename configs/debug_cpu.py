@@ -11,7 +11,6 @@ config.network_kwargs = {"widths": (8, 16, 16, 32)}
 config.embedding_size = 32
 config.sample_rate = 0.5
 config.batch_size = 8
-config.rec = "synthetic"
 config.num_classes = 64
 config.num_image = 256
 config.max_steps = 40

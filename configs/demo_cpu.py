@@ -25,7 +25,6 @@ config.num_epoch = 1
 config.max_steps = 700
 config.val_targets = ["syn_easy", "syn_hard"]
 config.verbose = 400
-config.frequent = 10
 config.num_workers = 1
 config.device = "cpu"
 config.output = "work_dirs/demo"

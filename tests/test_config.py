@@ -29,17 +29,6 @@ def test_every_shipped_config_loads(name):
     assert d.total_steps > d.warmup_steps >= 0
 
 
-def test_recipes_match_published_values():
-    ms1mv3 = load_config("configs/ms1mv3_r50")
-    assert (ms1mv3.lr, ms1mv3.num_classes, ms1mv3.num_image, ms1mv3.num_epoch, ms1mv3.warmup_epoch) == \
-        (0.2, 93431, 5179510, 25, 2)
-    assert ms1mv3.fp16 and ms1mv3.margin_list == (1.0, 0.5, 0.0)
-    glint = load_config("configs/glint360k_r100")
-    assert glint.margin_list == (1.0, 0.0, 0.4) and glint.network == "r100" and glint.num_classes == 360232
-    wf = load_config("configs/wf42m_pfc02_r100")
-    assert wf.sample_rate == 0.2 and wf.num_classes == 2059906 and wf.verbose == 10000
-
-
 def test_name_forms_resolve_to_same_file(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # repository-relative lookup must not depend on the working directory
     a = load_config("configs/ms1mv2_r50")
@@ -134,13 +123,33 @@ def test_int_accepted_for_float(tmp_path):
     ("config.weight_decay = -1e-4\n", r"weight_decay"),
     ("config.clip_grad_norm = -1\n", r"clip_grad_norm"),
     ("config.max_nonfinite_steps = 0\n", r"max_nonfinite_steps = 0"),
-    ("config.warmup_epoch = -1\n", r"warmup_epoch = -1"),
+    ("config.warmup_epoch = -1\n", r"warmup_epoch = -1 .*>= 0 \(arcface_torch's -1 trains as 0"),
+    ("config.lr_power = 0\n", r"lr_power = 0\.0 .*finite and > 0"),
+    ("config.lr_power = -1\n", r"lr_power = -1\.0 .*finite and > 0"),
+    ("config.lr_power = float('inf')\n", r"lr_power = inf .*finite and > 0"),
+    ("config.dali_aug = True\n", r"dali_aug = True is not allowed; expected False: .*set dali_aug = False"),
+    ("config.sample_rate = 0\n", r"sample_rate = 0\.0 .*\(0, 1\] .*below 1 / num_classes"),
 ])
 def test_impossible_values(tmp_path, body, needle):
     path = write_cfg(tmp_path, body)
     with pytest.raises(ValueError, match=needle) as err:
         load_config(path)
     assert path in str(err.value)
+
+
+def test_lr_power_and_dali_aug_defaults(tmp_path):
+    cfg = load_config("configs/debug_cpu")
+    assert cfg.lr_power == 1.0 and cfg.dali_aug is False  # linear decay, as arcface_torch's current trainer
+    cfg = load_config(write_cfg(tmp_path, "config.lr_power = 2\nconfig.dali_aug = False\n"))
+    assert isinstance(cfg.lr_power, float) and cfg.lr_power == 2.0 and cfg.dali_aug is False
+    assert load_config("configs/debug_cpu", ["lr_power=0.5"]).lr_power == 0.5
+
+
+def test_refusals_are_one_line(tmp_path):
+    for body in ("config.dali_aug = True\n", "config.warmup_epoch = -1\n", "config.sample_rate = 0\n"):
+        with pytest.raises(ValueError) as err:
+            load_config(write_cfg(tmp_path, body))
+        assert "\n" not in str(err.value), str(err.value)
 
 
 def test_max_steps_allows_zero_epochs(tmp_path):
@@ -286,8 +295,17 @@ def test_fingerprint_stable_and_selective(tmp_path):
                                              "save_every_steps=0", "keep_checkpoints=9", "val_targets=lfw",
                                              "auto_resume=false", "resume=true"])
     assert fingerprint(same) == fp
-    for change in ["lr=0.2", "seed=1", "sample_rate=0.25", "margin_list=1,0,0.4", "max_steps=41",
-                   "network_kwargs={'widths': (8, 16, 16, 16)}", "fp16=true", "batch_size=4"]:
+    for change in ["lr=0.2", "seed=1", "sample_rate=0.25", "margin_list=1,0,0.4", "max_steps=41", "lr_power=2",
+                   "lr_power=3", "network_kwargs={'widths': (8, 16, 16, 16)}", "fp16=true", "batch_size=4"]:
         assert fingerprint(load_config("configs/debug_cpu", [change])) != fp, change
     assert {"output", "resume", "verbose", "frequent", "num_workers", "save_every_steps", "keep_checkpoints",
             "val_targets", "auto_resume"} <= FINGERPRINT_EXCLUDED
+
+
+def test_fingerprint_of_checkpoints_from_before_the_new_keys():
+    """A config saved before `lr_power`/`dali_aug` existed (trained with power 2) hashes as it did then when
+    resumed with lr_power = 2; the new default (power 1) trains differently, so it must not match."""
+    old = {k: v for k, v in load_config("configs/debug_cpu").to_dict().items() if k not in ("lr_power", "dali_aug")}
+    assert fingerprint(load_config("configs/debug_cpu", ["lr_power=2"])) == fingerprint(old)
+    assert fingerprint(load_config("configs/debug_cpu")) != fingerprint(old)
+    assert "lr_power" not in FINGERPRINT_EXCLUDED and "dali_aug" not in FINGERPRINT_EXCLUDED

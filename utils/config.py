@@ -43,6 +43,11 @@ FINGERPRINT_EXCLUDED = frozenset({
     "dist_timeout_minutes", "max_nonfinite_steps",
 })
 
+# Keys added after checkpoints were first written, each with the value that trains as the code did before the
+# key existed. A key at that value is left out of the fingerprint, so those checkpoints still resume (e.g. a run
+# started with power-2 decay continues with `--set lr_power=2`); any other value changes the fingerprint.
+_FINGERPRINT_LEGACY = {"lr_power": 2.0, "dali_aug": False}
+
 _TRUE = frozenset({"true", "1", "yes", "y", "on"})
 _FALSE = frozenset({"false", "0", "no", "n", "off"})
 _NONE = frozenset({"none", "null"})
@@ -297,10 +302,12 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "margin_scale": _rule(lambda v: _finite(v) and v > 0, "> 0"),
     "margin_gradient": _rule(lambda v: v in ("straight_through", "exact"), "'straight_through' or 'exact'"),
     "interclass_filtering_threshold": _rule(lambda v: 0 <= v < 1, "in [0, 1) (0 = off)"),
-    "sample_rate": _rule(lambda v: 0 < v <= 1, "in (0, 1]"),
+    "sample_rate": _rule(lambda v: 0 < v <= 1, "in (0, 1] (arcface_torch's 0, which keeps only the class centres of "
+                         "the batch's identities, is written here as a rate below 1 / num_classes, e.g. 1e-7)"),
     "batch_size": _rule(lambda v: v >= 1, ">= 1"),
     "optimizer": _rule(lambda v: v in ("sgd", "adamw"), "'sgd' or 'adamw'"),
     "lr": _rule(lambda v: _finite(v) and v > 0, "> 0"),
+    "lr_power": _rule(lambda v: _finite(v) and v > 0, "finite and > 0 (1 = linear decay, 2 = quadratic)"),
     "momentum": _rule(lambda v: 0 <= v < 1, "in [0, 1)"),
     "weight_decay": _rule(lambda v: _finite(v) and v >= 0, ">= 0"),
     "gradient_acc": _rule(lambda v: v >= 1, ">= 1"),
@@ -310,7 +317,10 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "num_classes": _rule(lambda v: v >= 1, ">= 1"),
     "num_image": _rule(lambda v: v >= 1, ">= 1"),
     "num_epoch": _rule(lambda v: v >= 0, ">= 0 (and >= 1 unless max_steps > 0)"),
-    "warmup_epoch": _rule(lambda v: v >= 0, ">= 0"),
+    "warmup_epoch": _rule(lambda v: v >= 0, ">= 0 (arcface_torch's -1 trains as 0 there, with no warm-up: write 0)"),
+    "dali_aug": _rule(lambda v: v is False, "False: arcface_torch's DALI augmentation is not implemented, because our "
+                      "loaders make every image a function of (seed, epoch, sample) and DALI's GPU operators have no "
+                      "exact CPU counterpart; set dali_aug = False to train with flips only"),
     "max_steps": _rule(lambda v: v >= 0, ">= 0 (0 = derive from num_epoch)"),
     "num_workers": _rule(lambda v: v >= 0, ">= 0"),
     "seed": _rule(lambda v: v >= 0, ">= 0"),
@@ -475,7 +485,8 @@ def fingerprint(cfg: Mapping[str, Any]) -> str:
     """A 16-hex-digit hash of the keys that change training results (all but ``FINGERPRINT_EXCLUDED``).
 
     Two configurations with the same fingerprint train the same model step for step, so a checkpoint of one
-    may be resumed automatically by the other.
+    may be resumed automatically by the other. Keys at their ``_FINGERPRINT_LEGACY`` value are left out, so a
+    configuration saved before such a key existed hashes as it did then.
     """
     def plain(v: Any) -> Any:
         if isinstance(v, dict):
@@ -484,7 +495,8 @@ def fingerprint(cfg: Mapping[str, Any]) -> str:
             return [plain(x) for x in v]
         return v
 
-    relevant = {k: plain(v) for k, v in sorted(cfg.items()) if k not in FINGERPRINT_EXCLUDED}
+    relevant = {k: plain(v) for k, v in sorted(cfg.items())
+                if k not in FINGERPRINT_EXCLUDED and not (k in _FINGERPRINT_LEGACY and v == _FINGERPRINT_LEGACY[k])}
     blob = json.dumps(relevant, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

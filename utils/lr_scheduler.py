@@ -1,26 +1,36 @@
 """Learning-rate schedule: linear warm-up, then polynomial decay to zero, as a pure function of the step.
 
-The curve is arcface_torch's ``PolyScheduler`` (power 2): ``base_lr * step / warmup_steps`` during warm-up,
-then ``base_lr * (1 - (step - warmup_steps) / (total_steps - warmup_steps)) ** power``. Here ``step`` counts
-optimizer steps (not micro-batches: with gradient accumulation the schedule does not run ahead), and the
+``base_lr * step / warmup_steps`` during warm-up, then ``base_lr * (1 - (step - warmup_steps) /
+(total_steps - warmup_steps)) ** power``. The config key ``lr_power`` sets ``power``: 1 (the default) is the
+linear decay of arcface_torch's current trainer (its ``PolynomialLRWarmup`` built without a power), 2 the
+quadratic decay of its older ``PolyScheduler`` (and of this trainer before ``lr_power`` existed). Here ``step``
+counts optimizer steps (not micro-batches: with gradient accumulation the schedule does not run ahead), and the
 learning rate for the optimizer step with index ``step`` (0-based) is ``lr_at(step, ...)``. Being a function,
 not an object with state, it needs nothing in a checkpoint beyond the step number.
+
+One deliberate difference: with warm-up, arcface_torch's ``PolynomialLRWarmup`` leaves the first update at the
+optimizer's initial learning rate (the peak), because a torch scheduler's constructor takes its step 0 before
+the warm-up branch can apply; here step 0 is the start of the warm-up (0.0). From step 1 on the two agree.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
 
 
-def lr_at(step: int, base_lr: float, warmup_steps: int, total_steps: int, power: float = 2.0) -> float:
+def lr_at(step: int, base_lr: float, warmup_steps: int, total_steps: int, power: float = 1.0) -> float:
     """Learning rate for optimizer step ``step`` (0-based): 0 -> ``base_lr`` over warm-up, then decay to 0.
 
-    Steps at or past ``total_steps`` get 0.0. Raises ``ValueError`` for a negative step or counts.
+    ``power`` shapes the decay after warm-up (1 = linear, 2 = quadratic). Steps at or past ``total_steps``
+    get 0.0. Raises ``ValueError`` for a negative step or count, or a ``power`` that is not finite and > 0.
     """
     if step < 0 or warmup_steps < 0 or total_steps < 0:
         raise ValueError(f"lr_at(step={step}, warmup_steps={warmup_steps}, total_steps={total_steps}): "
                          f"expected all >= 0")
+    if not (math.isfinite(power) and power > 0):
+        raise ValueError(f"lr_at(power={power}): expected a finite power > 0")
     if step >= total_steps:
         return 0.0
     if step < warmup_steps:

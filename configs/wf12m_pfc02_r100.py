@@ -1,0 +1,13 @@
+"""CosFace (m3 = 0.4), IResNet-100 on WebFace12M with Partial FC sampling 0.2, 128 images per GPU, SGD lr 0.1, weight
+decay 5e-4, 20 epochs, fp16 (arcface_torch's wf12m_pfc02_r100)."""
+from easydict import EasyDict as edict
+
+config = edict()
+config.margin_list = (1.0, 0.0, 0.4)
+config.network = "r100"
+config.sample_rate = 0.2
+config.fp16 = True
+config.rec = "/train_tmp/WebFace12M"
+config.num_classes = 617970
+config.num_image = 12720066
+config.val_targets = []
