@@ -48,7 +48,7 @@ import torch
 from torch import Tensor, nn
 
 from utils.distributed import (Tactic, all_gather_cat, all_gather_sizes, get_rank, get_world_size, resolve_tactic,
-                               rows_per_block, sharded_cross_entropy)
+                               rows_per_block, sharded_cross_entropy, to_host)
 
 __all__ = [
     "PartialFC", "PartialFC_V2", "RowSparseAdamW", "RowSparseSGD", "build_head_optimizer", "class_partition",
@@ -61,6 +61,7 @@ _INIT_BLOCK = 1024  # classes per independently seeded block of initial weights
 _NORM_EPS = 1e-12  # as F.normalize
 ROW_CHUNK = 1024  # rows per optimizer update with the row_blocks tactic: (chunk, D) work buffers stay in cache
 _M30 = (1 << 30) - 1
+_LIFT = 1 << 62  # added to a positive's sampling key
 _M31 = (1 << 31) - 1
 
 
@@ -79,19 +80,13 @@ def class_partition(num_classes: int, world_size: int, rank: int) -> tuple[int, 
     return rank * base + min(rank, extra), base + (1 if rank < extra else 0)
 
 
-def sample_size(num_local: int, sample_rate: float, batch_global: int) -> int:
-    """Class centres a rank uses in a step: ``max(int(sample_rate · num_local), batch_global)``, at most
-    ``num_local``; all of them at ``sample_rate == 1``.
-
-    The global batch bounds the positives a rank can hold, so this many rows always fit every positive;
-    the count is known before the labels are read, which keeps the step free of host synchronisation
-    and of data-dependent shapes. It equals the original method's count (``max(int(rate · n), P)``
-    for P distinct positives) whenever the sample is at least as large as the global batch, the case of
-    every published recipe; below that it samples a few more negatives.
-    """
+def sample_size(num_local: int, sample_rate: float, positives: int) -> int:
+    """Class centres a rank uses in a step: all ``num_local`` at ``sample_rate == 1``, else
+    ``max(int(sample_rate · num_local), positives)`` (every class of the global batch that this rank owns,
+    plus negatives up to the sample size), as in the original method."""
     if sample_rate >= 1.0:
         return num_local
-    return min(num_local, max(int(sample_rate * num_local), batch_global))
+    return min(num_local, max(int(sample_rate * num_local), positives))
 
 
 def _init_rows(seed: int, class_start: int, num_local: int, dim: int) -> Tensor:
@@ -227,9 +222,10 @@ class PartialFC(nn.Module):
         embedding_size: D.
         num_classes: C over all ranks (>= world size).
         sample_rate: fraction of this rank's classes used per step, in (0, 1]. Below 1, every class in the
-            global batch is kept and ``sample_size(num_local, sample_rate, B_global)`` classes are used in
-            all; negatives are drawn uniformly without replacement from a per-step seed that is one
-            ``torch.randint`` draw from the global torch RNG (every rank, every step, sampled or not).
+            global batch is kept and ``int(sample_rate · num_local)`` classes are used in all (more if the
+            batch has more: ``sample_size``); negatives are drawn uniformly without replacement, ordered by
+            a hash of (class id, per-step seed) that every device computes alike; the seed is one
+            ``torch.randint`` draw from the global torch RNG per step on every rank.
         seed: initial centres are ``normal(0, 0.01)`` and depend only on ``(seed, class id)``, not on the
             world size (see ``_init_rows``).
         tactic: ``"auto"`` (default: by the device of the embeddings), ``"row_blocks"`` or ``"fixed_ops"``;
@@ -239,8 +235,9 @@ class PartialFC(nn.Module):
     ``forward(local_embeddings (B, D), local_labels (B,))`` returns the mean loss over the global batch;
     B may differ between ranks and steps.
 
-    Host-device synchronisations per step: one, reading the gathered batch sizes and label ranges of
-    every rank (``_check_inputs``); everything else, sampling included, stays on the device.
+    Host-device synchronisations per step (``utils.distributed.to_host``): one, reading the gathered batch
+    sizes and label checks of every rank (``_check_inputs``); a second only when the positives can outnumber
+    the sample (``_sample``). Everything else stays on the device.
     """
 
     def __init__(self, margin_loss: Callable[[Tensor, Tensor], Tensor], embedding_size: int, num_classes: int,
@@ -299,20 +296,27 @@ class PartialFC(nn.Module):
             raise ValueError("PartialFC.forward: the global batch is empty (0 samples on every rank)")
         return batch
 
-    def _sample(self, local: Tensor, in_shard: Tensor, batch_global: int) -> Tensor:
+    def _sample(self, local: Tensor, in_shard: Tensor) -> Tensor:
         """Sorted local rows used this step: every positive plus uniformly drawn negatives, ``(k,)`` with
-        ``k = sample_size(...)``. A fixed number of operations; nothing is read on the host."""
+        ``k = sample_size(num_local, sample_rate, positives)``.
+
+        A fixed number of operations. The number of positives is read on the host (the step's second and
+        last synchronisation) only when it can exceed the sample, i.e. when ``int(sample_rate · num_local)``
+        is smaller than the global batch (e.g. positive-only sampling); otherwise the size is known.
+        """
         device = self.weight.device
         # One draw from the global (CPU) torch RNG per step on every rank keeps the RNG streams aligned;
         # the seed travels to the device without a synchronisation.
         seed = torch.randint(0, _M31, (1,)).to(device, non_blocking=True)  # (1,)
-        ids = torch.arange(self.num_local, device=device)  # (num_local,)
-        keys = _sampling_keys(ids + self.class_start, seed)  # (num_local,) distinct
-        # Positives go first: 2^62 lifts them above every key (keys are below 2^62).
-        lift = torch.where(in_shard, 1 << 62, 0)  # (B_global,)
-        keys.scatter_reduce_(0, local.clamp(0, self.num_local - 1), keys.gather(0, local.clamp(0, self.num_local - 1))
-                             + lift, reduce="amax")
-        k = sample_size(self.num_local, self.sample_rate, batch_global)
+        ids = torch.arange(self.class_start, self.class_start + self.num_local, device=device)  # (num_local,)
+        keys = _sampling_keys(ids, seed)  # (num_local,) distinct, below 2^62
+        # Positives go first: 2^62 lifts them above every other key.
+        rows = local.clamp(0, self.num_local - 1)  # (B_global,)
+        keys.scatter_reduce_(0, rows, keys.gather(0, rows) + torch.where(in_shard, _LIFT, 0), reduce="amax")
+        positives = (keys >= _LIFT).sum()  # ()
+        k = int(self.sample_rate * self.num_local)
+        if k < min(local.shape[0], self.num_local):
+            k = sample_size(self.num_local, self.sample_rate, to_host(positives))
         chosen = torch.topk(keys, k, sorted=False).indices  # (k,)
         return chosen.sort().values  # (k,)
 
@@ -330,7 +334,7 @@ class PartialFC(nn.Module):
         local = labels - self.class_start  # (B_global,)
         in_shard = (local >= 0) & (local < self.num_local)  # (B_global,)
         if self.sample_rate < 1.0:
-            index = self._sample(local, in_shard, labels.shape[0])  # (C_s,) sorted; sparse weight grad on these
+            index = self._sample(local, in_shard)  # (C_s,) sorted; sparse weight grad on these rows
             column = torch.searchsorted(index, local.clamp(0, self.num_local - 1))  # (B_global,)
             target = torch.where(in_shard, column, -1)  # (B_global,)
         else:

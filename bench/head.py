@@ -146,7 +146,7 @@ def head_rank(rank: int, world_size: int, cfg: HeadConfig) -> dict[str, Any]:
     # The floor's operands are allocated before the peak measurement starts, so they count as baseline.
     _, num_local = class_partition(cfg.num_classes, world_size, rank)
     n = B * world_size
-    num_sampled = sample_size(num_local, cfg.sample_rate, n)
+    num_sampled = sample_size(num_local, cfg.sample_rate, min(n, num_local))  # at most: every sample a positive
     if cfg.floor:
         e = torch.randn(n, D, generator=gen).to(device)  # (B_global, D)
         w = torch.randn(num_sampled, D, generator=gen).to(device)  # (C_s, D)

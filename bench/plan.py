@@ -70,7 +70,7 @@ def predict(num_classes: int, world_size: int, sample_rate: float, embedding_siz
     D, B = embedding_size, batch_size
     N = B * world_size
     sampled = sample_rate < 1.0
-    C = sample_size(L, sample_rate, N)
+    C = sample_size(L, sample_rate, min(N, L))  # at most: every sample of the global batch a positive here
     bf16 = dtype == "bf16"
     weights = L * D * FP32
     state = L * D * FP32 if optimizer == "sgd" else 2 * L * D * FP32 + L * FP32

@@ -15,7 +15,8 @@ from easydict import EasyDict as edict
 config = edict()
 
 # ---------------------------------------------------------------- model
-# Backbone name in the `backbones` registry: r18 | r34 | r50 | r100 | r200 | mbf | tiny.
+# Backbone name in the `backbones` registry: r18 | r34 | r50 | r100 | r200 | r2060 | mbf | mbf_large | vit_t |
+# vit_t_dp005_mask0 | vit_s | vit_s_dp005_mask_0 | vit_b | vit_b_dp005_mask_005 | vit_l_dp005_mask_005 | vit_h | tiny.
 config.network = "r50"
 # Extra keyword arguments for backbones.get_model (dict), e.g. {"widths": (8, 16, 16, 32)} for `tiny`.
 config.network_kwargs = {}

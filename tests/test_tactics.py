@@ -2,8 +2,8 @@
 
 ``fixed_ops`` (what the head uses on accelerators) must make one head step (forward, backward, optimizer
 update) a fixed number of operations whatever the batch size and class count, reading the device on the
-host once (the gathered batch sizes and label checks); ``row_blocks`` (the CPU's) must give the same
-values. The counters run the accelerator tactic on CPU tensors: every aten operation is counted by a
+host at most twice (the gathered batch sizes and label checks; the number of positives, only when they
+can outnumber the sample); ``row_blocks`` (the CPU's) must give the same values. The counters run the accelerator tactic on CPU tensors: every aten operation is counted by a
 ``TorchDispatchMode``, and every call that would wait for an accelerator (``item``, ``tolist``,
 ``bool()``, ``nonzero``, ``unique``, boolean-mask indexing, a blocking copy to the host, ...) by a
 ``TorchFunctionMode`` and at the aten level, except inside ``utils.distributed.to_host``, the one named
@@ -19,6 +19,7 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import partial_fc
 import utils.distributed as du
 from losses import ArcFace
 from partial_fc import PartialFC, build_head_optimizer
@@ -99,6 +100,7 @@ def _step(batch: int, classes: int, rate: float, tactic: str, optimizer: str = "
                 counter.muted -= 1
 
         monkeypatch.setattr(du, "to_host", counted)
+        monkeypatch.setattr(partial_fc, "to_host", counted)
         with _HostReads(counter), counter:
             loss = head(emb, labels)
             loss.backward()
@@ -114,13 +116,15 @@ def _step(batch: int, classes: int, rate: float, tactic: str, optimizer: str = "
 
 
 @pytest.mark.parametrize("rate", [0.1, 1.0])
-def test_fixed_ops_step_is_a_fixed_number_of_operations_with_one_host_read(rate, monkeypatch):
+def test_fixed_ops_step_is_a_fixed_number_of_operations_with_at_most_two_host_reads(rate, monkeypatch):
     counts = {}
     for batch in (64, 1024):
         for classes in (10_000, 100_000):
             *_, counter, reads = _step(batch, classes, rate, "fixed_ops", count=True, monkeypatch=monkeypatch)
             assert counter.host_reads == [], f"B={batch} C={classes}: host reads outside to_host: {counter.host_reads}"
-            assert reads == 1, f"B={batch} C={classes}: {reads} host reads through to_host; expected 1"
+            # The second read only where the positives can outnumber the sample (B=1024 > 0.1 * 10k).
+            expected = 2 if rate < 1 and int(rate * classes) < batch else 1
+            assert reads == expected, f"B={batch} C={classes}: {reads} host reads through to_host; expected {expected}"
             counts[batch, classes] = counter.ops
     totals = {key: sum(ops.values()) for key, ops in counts.items()}
     first = counts[64, 10_000]
