@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: test demo bench
+.PHONY: test demo bench gpu-check
 
 $(VENV)/.installed: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,3 +32,9 @@ bench: $(VENV)/.installed
 	$(PY) bench/backbone.py --network r50 --batch-size 8 --repeats 3 --channels-last --json $(BENCH_OUT)/backbone_r50_cl.json
 	$(PY) bench/loader.py --workers 1 --json $(BENCH_OUT)/loader.json
 	$(PY) bench/plan.py --num-classes 29000000 --gpus 8 --sample-rate 0.1 --embedding-size 512 --batch-size 128 --json $(BENCH_OUT)/plan.json
+
+# The CUDA path on a GPU machine, with that machine's own python3 and torch (no .venv, nothing downloaded):
+# pytest -m cuda, backbone and head benchmarks, fp16/bf16 training runs; report in work_dirs/gpu_check/.
+# Missing pure-Python packages (easydict) install from wheel files: make gpu-check WHEELS=/path/to/wheels
+gpu-check:
+	$(PYTHON) scripts/gpu_check.py $(if $(WHEELS),--wheels $(WHEELS))

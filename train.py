@@ -66,8 +66,9 @@ def pick_device(requested: str) -> torch.device:
 
 
 def init_distributed(device: torch.device, timeout_minutes: float) -> None:
-    """Join the process group torchrun describes (env://); a plain `python` launch stays single-process."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+    """Join the process group torchrun describes (env://), also a 1-rank one, so that a launch through torchrun
+    always runs the collectives' real code; a plain `python` launch stays without a process group."""
+    if "WORLD_SIZE" not in os.environ or dist.is_initialized():
         return
     backend = "nccl" if device.type == "cuda" else "gloo"
     timeout = datetime.timedelta(minutes=timeout_minutes)
@@ -178,7 +179,7 @@ def build(cfg, rank: int, world_size: int, device: torch.device, logger) -> Job:
 
             backbone.register_comm_hook(None, default_hooks.fp16_compress_hook)
     if cfg.compile:
-        backbone = torch.compile(backbone)
+        backbone = torch.compile(backbone, backend=cfg.compile_backend)
 
     m1, m2, m3 = cfg.margin_list
     margin = CombinedMarginLoss(cfg.margin_scale, m1, m2, m3, cfg.interclass_filtering_threshold,
@@ -546,7 +547,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as exc:
             logger.error("%s", exc)
             return 2
-        logger.info("config %s (%d ranks, device %s):\n%s", args.config, world_size, device, cfg)
+        logger.info("config %s (%d ranks, backend %s, device %s):\n%s", args.config, world_size,
+                    dist.get_backend() if dist.is_initialized() else "none", device, cfg)
         job = build(cfg, rank, world_size, device, logger)
         state = TrainState()
         if rank == 0:

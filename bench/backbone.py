@@ -4,7 +4,8 @@
 
 Prints a markdown table with the model's multiply-adds per image and the achieved FLOP rate (training
 counts 3x the forward: forward, input gradient, weight gradient); on a GPU whose peak is known it also
-prints the MFU (model FLOPs utilisation). ``--json PATH`` writes the same numbers.
+prints the MFU (model FLOPs utilisation) against the datasheet peak and against the bf16 matrix-product rate
+measured in the same run. ``--json PATH`` writes the same numbers.
 """
 from __future__ import annotations
 
@@ -25,6 +26,17 @@ def peak_tflops(device: torch.device) -> float | None:
         return None
     name = torch.cuda.get_device_name(device)
     return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
+
+
+def bf16_matmul_tflops(device: torch.device, n: int = 8192, repeats: int = 20) -> float | None:
+    """The bf16 matrix-product rate this GPU reaches now (n x n x n products), in TFLOP/s: the ceiling that
+    ``mfu_measured`` divides by (a datasheet peak is rarely reachable). None off CUDA."""
+    if device.type != "cuda":
+        return None
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    timing = time_call(lambda: torch.mm(a, b), repeats=repeats, warmup=3, sync=torch.cuda.synchronize)
+    return 2 * n ** 3 / timing.median / 1e12
 
 
 def run(network: str, batch_size: int, device: torch.device, channels_last: bool, bf16: bool, compile_: bool,
@@ -67,12 +79,14 @@ def run(network: str, batch_size: int, device: torch.device, channels_last: bool
     # 2 FLOPs per multiply-add; training = forward + input-gradient + weight-gradient, 3 forwards' worth.
     train_tflops = 3 * 2 * macs * train_ips / 1e12
     peak = peak_tflops(device)
+    measured = bf16_matmul_tflops(device)
     return {
         "network": network, "batch_size": batch_size, "device": str(device), "channels_last": channels_last,
         "bf16": bf16, "compile": compile_, "params": params, "gmacs_per_image": macs / 1e9,
         "train_images_per_s": train_ips, "train_step": train.as_dict(),
         "infer_images_per_s": infer_ips, "infer_step": inference.as_dict(),
         "train_tflops": train_tflops, "mfu": train_tflops / peak if peak else None,
+        "bf16_matmul_tflops": measured, "mfu_measured": train_tflops / measured if measured else None,
     }
 
 
@@ -103,9 +117,11 @@ def main(argv: list[str] | None = None) -> int:
              f"{result['gmacs_per_image']:.3f}",
              f"{result['train_images_per_s']:.1f} ({args.batch_size / t['max_s']:.1f}-{args.batch_size / t['min_s']:.1f})",
              f"{result['infer_images_per_s']:.1f} ({args.batch_size / i['max_s']:.1f}-{args.batch_size / i['min_s']:.1f})",
-             f"{result['train_tflops']:.3f}", f"{result['mfu']:.1%}" if result["mfu"] else "-"]]
+             f"{result['train_tflops']:.3f}", f"{result['mfu']:.1%}" if result["mfu"] else "-",
+             f"{result['mfu_measured']:.1%} of {result['bf16_matmul_tflops']:.0f}" if result["mfu_measured"] else "-"]]
     print(markdown_table(["network", "device", "batch", "options", "GMACs/img", "train img/s (range)",
-                          "infer img/s (range)", "train TFLOP/s", "MFU"], rows))
+                          "infer img/s (range)", "train TFLOP/s", "MFU (datasheet)", "MFU (measured bf16 TFLOP/s)"],
+                         rows))
     write_json(args.json, {"backbone": result})
     return 0
 

@@ -30,6 +30,9 @@ config.channels_last = False
 # Compile the backbone with torch.compile (faster steps on GPUs after a first slow step; same results up to
 # rounding). The saved weights and model.pt are the plain module's.
 config.compile = False
+# torch.compile backend when compile = True: "inductor" (generated kernels, the fast one) or another of
+# torch.compiler.list_backends(), e.g. "aot_eager" (traced, not code-generated: for debugging).
+config.compile_backend = "inductor"
 
 # ---------------------------------------------------------------- margin loss
 # Combined margin (m1, m2, m3): target logit s * (cos(m1 * theta + m2) - m3).

@@ -309,3 +309,9 @@ def test_fingerprint_of_checkpoints_from_before_the_new_keys():
     assert fingerprint(load_config("configs/debug_cpu", ["lr_power=2"])) == fingerprint(old)
     assert fingerprint(load_config("configs/debug_cpu")) != fingerprint(old)
     assert "lr_power" not in FINGERPRINT_EXCLUDED and "dali_aug" not in FINGERPRINT_EXCLUDED
+
+
+def test_compile_backend_must_be_one_torch_knows():
+    assert load_config("configs/debug_cpu", ["compile_backend=aot_eager"]).compile_backend == "aot_eager"
+    with pytest.raises(ValueError, match="compile_backend = 'inductr' is not allowed; expected a torch.compile backend"):
+        load_config("configs/debug_cpu", ["compile_backend=inductr"])

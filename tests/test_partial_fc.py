@@ -380,3 +380,15 @@ def test_autocast_bf16_close_to_fp32():
         low = pfc(emb, labels)
     assert low.dtype == torch.float32
     assert abs(float(low) - float(exact)) < 0.05 * float(exact)
+
+
+def test_loaded_optimizer_state_follows_the_parameter_device():
+    """torch's load_state_dict leaves a ``step`` tensor where it was loaded from; ours moves every row-wise
+    state tensor to the parameter (a CPU-saved state must work on a CUDA head; here: the meta device)."""
+    for name in ("sgd", "adamw"):
+        saved = build_head_optimizer(PartialFC(ArcFace(), D, NUM_CLASSES), name, lr=LR).state_dict()
+        head = PartialFC(ArcFace(), D, NUM_CLASSES).to("meta")
+        opt = build_head_optimizer(head, name, lr=LR)
+        opt.load_state_dict(saved)
+        devices = {k: v.device.type for k, v in opt.state[head.weight].items()}
+        assert set(devices.values()) == {"meta"}, devices

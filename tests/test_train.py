@@ -203,3 +203,75 @@ def test_onnx_export_round_trip_and_inference(two_rank_run, tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "does not match network r18" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------------------- verification set
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_missing_verification_file_is_skipped_on_every_rank(tmp_path):
+    """configs/base.py promises that missing val_targets files are skipped: with 2 ranks, rank 0 decides for
+    both, one warning names the file, and training goes on (no rank waits for one that stopped)."""
+    from torchvision.io import encode_jpeg
+
+    data = tmp_path / "faces"
+    g = torch.Generator().manual_seed(0)
+    for identity in range(8):
+        (data / f"id{identity}").mkdir(parents=True)
+        for i in range(4):
+            image = torch.randint(0, 256, (3, 112, 112), generator=g, dtype=torch.uint8)
+            (data / f"id{identity}" / f"{i}.jpg").write_bytes(encode_jpeg(image).numpy().tobytes())
+    output = tmp_path / "run"
+    proc = train(CONFIG, output, f"rec={data}", "num_classes=8", "num_image=32", "batch_size=4", "max_steps=4",
+                 "val_targets=missing_set", "verbose=2", "frequent=1", nproc=2)
+    log = (output / "training.log").read_text()
+    warning = f"verification target missing_set: {data / 'missing_set.bin'} does not exist; skipped"
+    assert log.count(warning) == 1, log[-3000:]
+    assert "step 4/4" in log and "Traceback" not in proc.stderr
+
+
+# ---------------------------------------------------------------------------------------- CUDA hygiene, on the CPU
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_compile_key_trains_the_compiled_backbone_and_saves_the_plain_one(tmp_path):
+    # aot_eager: traced by dynamo and AOT autograd like inductor, without generated C++ kernels, whose CPU
+    # backward of this network crashes (SIGSEGV) under torch 2.14.1 on the CI machine's CPU; CUDA runs use
+    # inductor (tests/test_cuda.py).
+    proc = train(CONFIG, tmp_path, "compile=true", "compile_backend=aot_eager", "max_steps=3", "frequent=1",
+                 "save_every_steps=3")
+    log = (tmp_path / "training.log").read_text()
+    assert "step 3/3" in log and "compile" in log, proc.stdout[-2000:]
+    from backbones import get_model
+
+    model = get_model("tiny", num_features=32, widths=(8, 16, 16, 32))
+    model.load_state_dict(load_model(tmp_path), strict=True)  # model.pt holds no "_orig_mod." prefix
+
+
+def _ddp_warnings(rank: int, world_size: int) -> list[str]:
+    import warnings
+
+    import train as trainer
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ddp = trainer.wrap_ddp(torch.nn.Linear(4, 4), torch.device("cpu"))
+    assert ddp.gradient_as_bucket_view
+    return [f"{w.category.__name__}: {w.message}" for w in caught]
+
+
+@pytest.mark.timeout(60)
+def test_ddp_wrapper_raises_no_deprecation_warning():
+    assert run_distributed(_ddp_warnings, 1) == [[]]
+
+
+def test_tf32_key_sets_both_torch_switches_on_cuda_only():
+    from utils.precision import configure_tf32
+
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        for enabled in (False, True):
+            configure_tf32(torch.device("cuda"), enabled)
+            assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (enabled, enabled)
+        configure_tf32(torch.device("cpu"), False)  # the CPU has no TF32: left alone
+        assert torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved

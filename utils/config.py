@@ -39,7 +39,8 @@ _BOOL_OR_STR = frozenset({"resume"})
 # checkpoint is resumed automatically only by a run that would have produced the same training trajectory.
 FINGERPRINT_EXCLUDED = frozenset({
     "output", "resume", "auto_resume", "save_all_states", "save_every_steps", "keep_checkpoints",
-    "verbose", "frequent", "val_targets", "num_workers", "dali", "device", "channels_last", "compile", "tf32",
+    "verbose", "frequent", "val_targets", "num_workers", "dali", "device", "channels_last", "compile", "compile_backend",
+    "tf32",
     "dist_timeout_minutes", "max_nonfinite_steps",
 })
 
@@ -294,6 +295,12 @@ def _finite(x: float) -> bool:
     return math.isfinite(x)
 
 
+def _is_compile_backend(name: str) -> bool:
+    import torch
+
+    return name in torch.compiler.list_backends(exclude_tags=())
+
+
 _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "network": _rule(lambda v: bool(v.strip()), "a backbone name such as r50, r100, mbf, tiny"),
     "embedding_size": _rule(lambda v: v >= 1, ">= 1"),
@@ -329,6 +336,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "save_every_steps": _rule(lambda v: v >= 0, ">= 0 (0 = only at epoch end)"),
     "keep_checkpoints": _rule(lambda v: v >= 1, ">= 1"),
     "device": _rule(lambda v: v in ("auto", "cpu", "cuda"), "'auto', 'cpu' or 'cuda'"),
+    "compile_backend": _rule(_is_compile_backend, "a torch.compile backend, e.g. 'inductor' or 'aot_eager'"),
     "dist_timeout_minutes": _rule(lambda v: v >= 1, ">= 1"),
     "output": _rule(lambda v: v is None or bool(v.strip()), "a folder path or None"),
     "init_backbone": _rule(lambda v: v is None or bool(v.strip()), "a file path or None"),

@@ -1,0 +1,165 @@
+"""CUDA checks (``pytest -m cuda``; ``make gpu-check`` runs them): what only a GPU can show.
+
+The CPU suite collects and skips them. Each compares the CUDA path with the CPU result or checks a
+property the CPU proxies (tests/test_tactics.py, tests/test_step.py) can only argue for: the head on CUDA
+equals the CPU head (fp32 to 1e-5, bf16 within 2e-2), a head step synchronises with the host at most
+twice, a 1-rank NCCL group trains through train.py, fp16 (loss scaler) and bf16 steps run and skip
+together, the CUDA prefetch loader gives the CPU loader's batches, and DALI reads a rec when installed.
+"""
+from __future__ import annotations
+
+import logging
+import subprocess
+import warnings
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (make gpu-check runs these)"),
+    pytest.mark.timeout(300),
+]
+
+D, CLASSES = 128, 20_000
+
+
+def _head_step(device: str, rate: float, dtype: torch.dtype | None):
+    """Loss and gradients of one head step from fixed seeds on ``device`` (full fp32 products: no TF32)."""
+    from losses import ArcFace
+    from partial_fc import PartialFC
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.manual_seed(0)
+    head = PartialFC(ArcFace(s=32.0, margin=0.4), D, CLASSES, sample_rate=rate).to(device)
+    g = torch.Generator().manual_seed(1)
+    emb = torch.randn(512, D, generator=g).to(device).requires_grad_()
+    labels = torch.randint(0, CLASSES, (512,), generator=g).to(device)
+    with torch.autocast(torch.device(device).type, dtype=dtype or torch.float32, enabled=dtype is not None):
+        loss = head(emb, labels)
+    loss.backward()
+    grad = head.weight.grad.to_dense() if head.weight.grad.is_sparse else head.weight.grad
+    return float(loss.detach()), emb.grad.cpu(), grad.cpu()
+
+
+@pytest.mark.parametrize("rate", [1.0, 0.1])
+def test_head_on_cuda_equals_the_cpu_head(rate):
+    cpu = _head_step("cpu", rate, None)
+    for dtype, tol in ((None, 1e-5), (torch.bfloat16, 2e-2)):
+        gpu = _head_step("cuda", rate, dtype)
+        assert abs(gpu[0] - cpu[0]) <= tol * max(1.0, abs(cpu[0])), (dtype, gpu[0], cpu[0])
+        for got, want in zip(gpu[1:], cpu[1:]):
+            if dtype is None:
+                torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+            else:
+                assert (got - want).norm() <= tol * want.norm(), (dtype, float((got - want).norm()))
+
+
+def test_head_step_synchronises_at_most_twice():
+    from losses import CosFace
+    from partial_fc import PartialFC, build_head_optimizer
+
+    torch.manual_seed(0)
+    head = PartialFC(CosFace(), D, 1_000_000, sample_rate=0.1).cuda()
+    opt = build_head_optimizer(head, "sgd", lr=0.1)
+    emb = torch.randn(1024, D, device="cuda", requires_grad=True)
+    labels = torch.randint(0, 1_000_000, (1024,), device="cuda")
+    head(emb, labels).backward()  # warm-up: lazy CUDA initialisations synchronise once
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            head(emb, labels).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    assert len(syncs) <= 2, syncs
+
+
+def test_one_rank_nccl_group_trains_through_train_py(tmp_path):
+    from tests._launch import ROOT, _env, torchrun_command
+
+    cmd = [*torchrun_command(1), "train.py", "configs/debug_cpu", "--set", f"output={tmp_path}", "device=cuda",
+           "max_steps=20", "frequent=5"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    log = (tmp_path / "training.log").read_text()
+    assert "backend nccl" in log and "device cuda:0" in log, log[:2000]
+    assert "step 20/20" in log
+
+
+def _trainer_steps(dtype: str) -> dict:
+    import train as trainer
+    from utils.config import load_config
+
+    cfg = load_config("configs/debug_cpu", ["device=cuda", f"{dtype}=true", "max_nonfinite_steps=3"])
+    job = trainer.build(cfg, 0, 1, torch.device("cuda", 0), logging.getLogger("test"))
+    job.loader.set_epoch(0)
+    batches = iter(job.loader)
+    state = trainer.TrainState()
+    losses = []
+    for _ in range(4):
+        loss = trainer.optimizer_step(job, state, [next(batches)])
+        losses.append(None if loss is None else float(loss))
+        state.step += 1
+    before = job.head.weight.detach().clone()
+    param = next(job.model.parameters())
+    handle = param.register_hook(lambda g: torch.full_like(g, float("inf")))
+    skipped = trainer.optimizer_step(job, state, [next(batches)])
+    handle.remove()
+    return dict(losses=losses, skipped=skipped, head_unchanged=torch.equal(before, job.head.weight.detach()),
+                scale=job.scaler.scale, embedding_dtype=job.model(next(batches)[0]).dtype)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_mixed_precision_trainer_steps_on_cuda(dtype):
+    r = _trainer_steps(dtype)
+    assert all(v is not None and v == v for v in r["losses"]), r["losses"]
+    assert r["skipped"] is None and r["head_unchanged"], "an inf in a backbone gradient must skip the head too"
+    assert r["embedding_dtype"] == torch.float32
+    if dtype == "fp16":
+        assert r["scale"] <= 2.0 ** 15  # backed off at least once (the injected inf)
+
+
+def test_cuda_prefetch_loader_gives_the_cpu_batches():
+    from dataset import SyntheticDataset, get_dataloader
+
+    data = SyntheticDataset(10, 64, seed=3)
+    out = {}
+    for device in ("cpu", "cuda"):
+        loader = get_dataloader(data, 8, rank=0, world_size=1, seed=5, num_workers=2, device=device)
+        loader.set_epoch(1, start_step=2)
+        out[device] = [(x.cpu(), y.cpu()) for x, y in loader]
+    assert len(out["cpu"]) == len(out["cuda"]) == 6
+    for (xc, yc), (xg, yg) in zip(out["cpu"], out["cuda"]):
+        assert torch.equal(yc, yg) and torch.equal(xc, xg)
+
+
+def test_dali_reads_a_rec_when_installed(tmp_path):
+    pytest.importorskip("nvidia.dali", reason="nvidia-dali is not installed (optional: pip install nvidia-dali-cuda120)")
+    from dataset import get_dali_dataloader
+    from utils.recordio import IRHeader, IndexedRecordIO, pack
+    from torchvision.io import encode_jpeg
+
+    with IndexedRecordIO(tmp_path / "train.idx", tmp_path / "train.rec", "w") as rec:
+        for i in range(32):
+            image = torch.full((3, 112, 112), 8 * i, dtype=torch.uint8)
+            rec.write_idx(i, pack(IRHeader(0, float(i % 4), i, 0), encode_jpeg(image).numpy().tobytes()))
+    loader = get_dali_dataloader(tmp_path, 8, rank=0, world_size=1, seed=0, device=torch.device("cuda", 0))
+    loader.set_epoch(0)
+    batches = list(loader)
+    assert len(batches) == 4
+    images, labels = batches[0]
+    assert images.shape == (8, 3, 112, 112) and images.is_cuda and int(labels.max()) < 4
+
+
+def test_compiled_backbone_trains_on_cuda(tmp_path):
+    from tests._launch import train
+
+    proc = train("configs/debug_cpu", tmp_path, "device=cuda", "compile=true", "max_steps=6", "frequent=3")
+    assert "step 6/6" in (tmp_path / "training.log").read_text(), proc.stdout[-2000:]
