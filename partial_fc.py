@@ -12,26 +12,21 @@ DDP's averaging of the backbone gradients yields the single-process gradient, an
 ``∂loss/∂weight`` for this rank's shard (dense at ``sample_rate == 1``; a sparse COO tensor whose rows
 are the sampled classes at ``sample_rate < 1``).
 
-Sparse update (the Partial FC method): with ``sample_rate < 1`` a step samples every class present in
-the global batch plus uniformly drawn negatives, gathers those rows with
-``_NormalizedLinear`` (a sparse gradient as ``F.embedding(sparse=True)``'s) and only those rows (weights *and* optimizer state) change:
-unsampled rows keep their values, momentum and Adam moments, and get no weight decay. The optimizers of
-``build_head_optimizer`` (``RowSparseSGD``, ``RowSparseAdamW``) implement that; they also accept dense
-gradients (``sample_rate == 1``), where ``RowSparseSGD`` performs exactly ``torch.optim.SGD``'s update.
+Sampling (``sample_rate < 1``, the Partial FC method): a step uses every class present in the global batch
+plus uniformly drawn negatives; the gathered rows get a sparse gradient, and the head's optimizers
+(``optimizers.RowSparseSGD`` / ``RowSparseAdamW``, built by ``optimizers.build_optimizers``) update only
+those rows and their state.
 
-How a trainer uses it::
+How a trainer uses it (``train.py`` does exactly this, plus one skip-or-step decision for both optimizers)::
 
     head = PartialFC(ArcFace(), 512, num_classes, sample_rate=0.1, seed=cfg.seed).to(device)
-    opt_backbone = torch.optim.SGD(ddp_backbone.parameters(), lr=lr, momentum=0.9, weight_decay=5e-4)
-    opt_head = build_head_optimizer(head, "sgd", lr=lr, momentum=0.9, weight_decay=5e-4)
+    opt_backbone, opt_head = build_optimizers("sgd", backbone.parameters(), head, lr, 0.9, 5e-4)
     for step, (images, labels) in ...:
-        for opt in (opt_backbone, opt_head):          # the same LR on both, once per optimizer step
-            for group in opt.param_groups:
-                group["lr"] = lr_at(step)
-        with autocast:
+        apply_lr([opt_backbone, opt_head], lr_at(step, lr, warmup_steps, total_steps))  # utils.lr_scheduler
+        with torch.autocast(device.type, dtype=torch.bfloat16):
             loss = head(ddp_backbone(images), labels)
-        scaler.scale(loss).backward()
-        scaler.step(opt_backbone); scaler.step(opt_head); scaler.update()
+        loss.backward()
+        opt_backbone.step(); opt_head.step()
         opt_backbone.zero_grad(set_to_none=True); opt_head.zero_grad(set_to_none=True)
 
 The head is not wrapped in DDP (its parameters are different on every rank). Checkpoints save each
@@ -41,25 +36,23 @@ so shards can be re-partitioned to another world size row by row.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
-from typing import Any, Literal
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
 
+# The head's optimizers live in optimizers.py; their names stay importable from here, as README showed them.
+from optimizers import RowSparseAdamW, RowSparseSGD, build_head_optimizer
 from utils.distributed import (Tactic, all_gather_cat, all_gather_sizes, get_rank, get_world_size, resolve_tactic,
                                rows_per_block, sharded_cross_entropy, to_host)
 
-__all__ = [
-    "PartialFC", "PartialFC_V2", "RowSparseAdamW", "RowSparseSGD", "build_head_optimizer", "class_partition",
-    "sample_size",
-]
+__all__ = ["PartialFC", "PartialFC_V2", "RowSparseAdamW", "RowSparseSGD", "build_head_optimizer", "class_partition",
+           "sample_size"]
 
 logger = logging.getLogger(__name__)
 
 _INIT_BLOCK = 1024  # classes per independently seeded block of initial weights
 _NORM_EPS = 1e-12  # as F.normalize
-ROW_CHUNK = 1024  # rows per optimizer update with the row_blocks tactic: (chunk, D) work buffers stay in cache
 _M30 = (1 << 30) - 1
 _LIFT = 1 << 62  # added to a positive's sampling key
 _M31 = (1 << 31) - 1
@@ -320,6 +313,16 @@ class PartialFC(nn.Module):
         chosen = torch.topk(keys, k, sorted=False).indices  # (k,)
         return chosen.sort().values  # (k,)
 
+    def gradient_rows(self) -> Tensor | None:
+        """``weight``'s gradient as a dense ``(rows, D)`` tensor: itself, or the values of the sparse gradient
+        (coalesced in place first, so that changing the values changes the gradient); None without one."""
+        grad = self.weight.grad
+        if grad is None or not grad.is_sparse:
+            return grad
+        if not grad.is_coalesced():  # a sum over micro-batches
+            self.weight.grad = grad = grad.coalesce()
+        return grad.values()
+
     def forward(self, local_embeddings: Tensor, local_labels: Tensor) -> Tensor:
         """Mean margin-softmax cross-entropy over the global batch (the same scalar on every rank).
 
@@ -348,189 +351,3 @@ class PartialFC(nn.Module):
 
 
 PartialFC_V2 = PartialFC
-
-
-def _rows_of(grad: Tensor) -> tuple[Tensor | None, Tensor]:
-    """``(row indices, values)`` of a sparse row gradient with unique rows; ``(None, grad)`` if dense.
-
-    The head's own gradients arrive coalesced. A sum of several (gradient accumulation) is coalesced
-    here, which reads its row count on the host: one synchronisation per step, only with accumulation.
-    """
-    if not grad.is_sparse:
-        return None, grad
-    if not grad.is_coalesced():
-        grad = grad.coalesce()
-    if grad.sparse_dim() != 1 or grad.dense_dim() != 1:
-        raise ValueError(f"row-sparse optimizer: expected a sparse gradient of (rows, D), got sparse_dim "
-                         f"{grad.sparse_dim()} dense_dim {grad.dense_dim()}")
-    return grad.indices()[0], grad.values()
-
-
-class _RowSparseOptimizer(torch.optim.Optimizer):
-    """Base: eager row-wise state, and ``step`` routing dense and row-sparse gradients to ``_update``.
-
-    ``tactic`` (see ``utils.distributed.resolve_tactic``, default by the parameter's device): with
-    ``row_blocks`` an update runs over chunks of ``ROW_CHUNK`` rows whose operands stay in cache; with
-    ``fixed_ops`` over all present rows at once (a fixed number of operations per step).
-    """
-
-    _state_keys: tuple[str, ...] = ()
-
-    def __init__(self, params: Iterable[Tensor], defaults: dict[str, Any], tactic: Tactic = "auto") -> None:
-        super().__init__(params, defaults)
-        resolve_tactic(tactic, "cpu")  # validates the name
-        self.tactic: Tactic = tactic
-        for group in self.param_groups:
-            for p in group["params"]:
-                self.state[p] = self._init_state(p)
-
-    def _init_state(self, p: Tensor) -> dict[str, Tensor]:
-        raise NotImplementedError
-
-    def _update(self, group: dict[str, Any], grad: Tensor, param_rows: Tensor, state_rows: dict[str, Tensor],
-                scratch: Tensor) -> None:
-        """Update ``param_rows`` and ``state_rows`` (row slices or gathered copies) in place.
-
-        ``scratch`` is a work buffer of ``param_rows``' shape and dtype that the update may overwrite.
-        """
-        raise NotImplementedError
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """torch's ``load_state_dict``, then every row-wise state tensor on its parameter's device and checked
-        to have one row per parameter row (torch leaves a ``step`` tensor where it was loaded from)."""
-        super().load_state_dict(state_dict)
-        for group in self.param_groups:
-            for p in group["params"]:
-                state = self.state[p]
-                for key in self._state_keys:
-                    if key not in state or state[key].shape[0] != p.shape[0]:
-                        got = tuple(state[key].shape) if key in state else "missing"
-                        raise ValueError(f"{type(self).__name__}.load_state_dict: state {key!r} is {got}; "
-                                         f"expected first dimension {p.shape[0]} (the parameter's rows)")
-                    state[key] = state[key].to(p.device)
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
-        """One update of the rows present in each parameter's gradient (all rows for a dense gradient)."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                rows, values = _rows_of(p.grad)
-                count = p.shape[0] if rows is None else rows.shape[0]
-                if resolve_tactic(self.tactic, p.device) == "fixed_ops":
-                    chunk = max(count, 1)
-                else:
-                    chunk = min(ROW_CHUNK, max(count, 1))
-                # The work buffers are allocated once per step (sliced for the last chunk).
-                scratch = p.new_empty((chunk, *p.shape[1:]))  # (chunk, D)
-                for start in range(0, count, chunk):
-                    end = min(start + chunk, count)
-                    if rows is None:  # dense: update row slices in place
-                        self._update(group, values[start:end], p[start:end],
-                                     {k: state[k][start:end] for k in self._state_keys}, scratch[:end - start])
-                        continue
-                    idx = rows[start:end]  # (n,)
-                    param_rows = p.index_select(0, idx)  # (n, D)
-                    state_rows = {k: state[k].index_select(0, idx) for k in self._state_keys}
-                    self._update(group, values[start:end], param_rows, state_rows, scratch[:end - start])
-                    p.index_copy_(0, idx, param_rows)
-                    for k in self._state_keys:
-                        state[k].index_copy_(0, idx, state_rows[k])
-        return loss
-
-
-class RowSparseSGD(_RowSparseOptimizer):
-    """SGD with momentum and weight decay that only touches the rows present in the gradient.
-
-    On those rows the update is ``torch.optim.SGD``'s (dampening 0, no Nesterov):
-    ``d = g + wd·w; buf = momentum·buf + d; w -= lr·buf``; other rows, their momentum and their decay
-    are left alone. State: ``momentum_buffer`` (rows, D), allocated as zeros at construction.
-    """
-
-    _state_keys = ("momentum_buffer",)
-
-    def __init__(self, params: Iterable[Tensor], lr: float, momentum: float = 0.9, weight_decay: float = 5e-4,
-                 *, tactic: Tactic = "auto") -> None:
-        for name, value in (("lr", lr), ("momentum", momentum), ("weight_decay", weight_decay)):
-            if not value >= 0.0:
-                raise ValueError(f"RowSparseSGD: {name}={value} must be >= 0")
-        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay), tactic)
-
-    def _init_state(self, p: Tensor) -> dict[str, Tensor]:
-        return {"momentum_buffer": torch.zeros_like(p, memory_format=torch.contiguous_format)}
-
-    def _update(self, group, grad, param_rows, state_rows, scratch) -> None:
-        # The same operations, in the same order, as torch.optim.SGD's single-tensor path.
-        d = torch.add(grad, param_rows, alpha=group["weight_decay"], out=scratch) if group["weight_decay"] != 0 \
-            else grad
-        buf = state_rows["momentum_buffer"]
-        buf.mul_(group["momentum"]).add_(d)
-        param_rows.add_(buf, alpha=-group["lr"])
-
-
-class RowSparseAdamW(_RowSparseOptimizer):
-    """AdamW (decoupled weight decay) with per-row step counts, touching only the rows present.
-
-    A "lazy Adam": a row's moments, its decay and its bias correction advance only in steps where the
-    row is sampled, so ``step`` is a (rows,) fp32 count. On present rows, as ``torch.optim.AdamW``:
-    ``w *= 1 − lr·wd; m = β1·m + (1−β1)·g; v = β2·v + (1−β2)·g²;
-    w -= lr/(1−β1^t) · m / (sqrt(v)/sqrt(1−β2^t) + eps)``. State: ``exp_avg``, ``exp_avg_sq`` (rows, D)
-    and ``step`` (rows,), allocated as zeros at construction.
-    """
-
-    _state_keys = ("exp_avg", "exp_avg_sq", "step")
-
-    def __init__(self, params: Iterable[Tensor], lr: float, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 5e-4, *, tactic: Tactic = "auto") -> None:
-        if not (lr >= 0.0 and eps >= 0.0 and weight_decay >= 0.0 and all(0.0 <= b < 1.0 for b in betas)):
-            raise ValueError(f"RowSparseAdamW: lr={lr} eps={eps} weight_decay={weight_decay} betas={betas}; "
-                             f"need lr, eps, weight_decay >= 0 and betas in [0, 1)")
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay), tactic)
-
-    def _init_state(self, p: Tensor) -> dict[str, Tensor]:
-        return {
-            "exp_avg": torch.zeros_like(p, memory_format=torch.contiguous_format),
-            "exp_avg_sq": torch.zeros_like(p, memory_format=torch.contiguous_format),
-            "step": torch.zeros(p.shape[0], dtype=torch.float32, device=p.device),
-        }
-
-    def _update(self, group, grad, param_rows, state_rows, scratch) -> None:
-        lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
-        beta1, beta2 = group["betas"]
-        step = state_rows["step"]
-        step.add_(1.0)
-        param_rows.mul_(1.0 - lr * wd)
-        exp_avg, exp_avg_sq = state_rows["exp_avg"], state_rows["exp_avg_sq"]
-        exp_avg.lerp_(grad, 1.0 - beta1)
-        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
-        bias1 = 1.0 - torch.pow(beta1, step)  # (rows,)
-        bias2_sqrt = (1.0 - torch.pow(beta2, step)).sqrt_()  # (rows,)
-        denom = torch.sqrt(exp_avg_sq, out=scratch).div_(bias2_sqrt[:, None].to(exp_avg_sq.dtype)).add_(eps)  # (rows, D)
-        param_rows.addcdiv_(exp_avg * (-lr / bias1)[:, None].to(exp_avg.dtype), denom)
-
-
-_HEAD_OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
-    "sgd": lambda params, lr, momentum, weight_decay, betas, eps, tactic: RowSparseSGD(
-        params, lr=lr, momentum=momentum, weight_decay=weight_decay, tactic=tactic),
-    "adamw": lambda params, lr, momentum, weight_decay, betas, eps, tactic: RowSparseAdamW(
-        params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, tactic=tactic),
-}
-
-
-def build_head_optimizer(pfc: PartialFC, name: Literal["sgd", "adamw"], lr: float, momentum: float = 0.9,
-                         weight_decay: float = 5e-4, betas: tuple[float, float] = (0.9, 0.999),
-                         eps: float = 1e-8) -> torch.optim.Optimizer:
-    """Row-sparse optimizer over ``pfc.weight``: ``RowSparseSGD`` (``"sgd"``) or ``RowSparseAdamW`` (``"adamw"``).
-
-    ``state[pfc.weight]`` holds tensors whose first dimension is ``pfc.num_local``; the optimizer takes the
-    head's tactic. Raises ``ValueError`` for an unknown name.
-    """
-    if name not in _HEAD_OPTIMIZERS:
-        raise ValueError(f"build_head_optimizer: unknown optimizer {name!r}; expected one of {sorted(_HEAD_OPTIMIZERS)}")
-    return _HEAD_OPTIMIZERS[name]([pfc.weight], lr, momentum, weight_decay, betas, eps, pfc.tactic)

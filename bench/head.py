@@ -19,12 +19,8 @@ medians over ``--repeats`` steps after ``--warmup`` untimed ones, with (min, max
 from __future__ import annotations
 
 import argparse
-import os
-import queue as queue_module
-import socket
 import statistics
 import sys
-import traceback
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,10 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 
 from bench.common import Timing, current_rss_bytes, markdown_table, peak_rss_bytes, time_call, write_json  # noqa: E402
 from utils.cpu_memory import keep_freed_memory, trim_heap  # noqa: E402
+from utils.distributed import run_on_local_ranks  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -195,52 +191,10 @@ def _timing(samples: list[float]) -> dict[str, float]:
     return Timing(statistics.median(samples), min(samples), max(samples), len(samples)).as_dict()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rank_main(rank: int, world_size: int, port: int, cfg: HeadConfig, results) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    try:
-        backend = "nccl" if cfg.device == "cuda" else "gloo"
-        dist.init_process_group(backend, rank=rank, world_size=world_size)
-        try:
-            value = head_rank(rank, world_size, cfg)
-        finally:
-            dist.destroy_process_group()
-        results.put((rank, True, value))
-    except BaseException:  # reported to the parent, which raises with it
-        results.put((rank, False, traceback.format_exc()))
-
-
 def run(cfg: HeadConfig, world_size: int, timeout: float = 3600.0) -> list[dict[str, Any]]:
-    """Run ``head_rank`` on ``world_size`` spawned ranks; returns every rank's figures in rank order."""
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, world_size, port, cfg, results)) for r in range(world_size)]
-    for p in procs:
-        p.start()
-    by_rank: dict[int, dict[str, Any]] = {}
-    try:
-        for _ in range(world_size):
-            try:
-                rank, ok, value = results.get(timeout=timeout)
-            except queue_module.Empty as exc:
-                raise RuntimeError(f"bench/head.py: no result from some rank within {timeout:.0f}s "
-                                   f"(got ranks {sorted(by_rank)})") from exc
-            if not ok:
-                raise RuntimeError(f"bench/head.py: rank {rank} failed:\n{value}")
-            by_rank[rank] = value
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    return [by_rank[r] for r in range(world_size)]
+    """Run ``head_rank`` on ``world_size`` spawned local ranks (gloo on CPU, NCCL on CUDA); every rank's figures."""
+    return run_on_local_ranks(head_rank, world_size, cfg, backend="nccl" if cfg.device == "cuda" else "gloo",
+                              timeout=timeout)
 
 
 def summarise(cfg: HeadConfig, world_size: int, ranks: list[dict[str, Any]]) -> dict[str, Any]:

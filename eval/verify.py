@@ -31,7 +31,7 @@ from torch import nn
 from tqdm import tqdm
 
 from eval.verification import BadBinError, RefusedGlobal, format_table, load_bin, test
-from utils.weights import load_weights
+from utils.files import load_weights
 
 # Keys of test()'s result written to --json (the ROC arrays go to --roc instead).
 JSON_KEYS = ("pairs", "acc", "acc_std", "acc_noflip", "val", "val_std", "far", "xnorm", "threshold")

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from backbones import get_model
-    from utils.weights import load_weights
+    from utils.files import load_weights
 
     try:
         model = get_model(args.network, num_features=args.embedding_size, **json.loads(args.network_kwargs))

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from backbones import get_model
-    from utils.weights import load_weights
+    from utils.files import load_weights
 
     try:
         kwargs = json.loads(args.network_kwargs)

@@ -24,7 +24,7 @@ from backbones.flops import count_flops
 from backbones.iresnet import IResNet
 from backbones.mobilefacenet import MobileFaceNet
 from backbones.vit import VisionTransformer
-from _paths import ROOT
+from tests.helpers import ROOT
 
 # Names the team contract promises: every backbone of arcface_torch, plus our `tiny`.
 VIT_NAMES = {"vit_t", "vit_t_dp005_mask0", "vit_s", "vit_s_dp005_mask_0", "vit_b", "vit_b_dp005_mask_005",

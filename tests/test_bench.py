@@ -13,7 +13,7 @@ import pytest
 
 from bench.head import HeadConfig, head_rank
 from bench.plan import predict
-from tests._dist import run_distributed
+from utils.distributed import run_on_local_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 CLASSES, D, B = 200_000, 128, 64
@@ -28,7 +28,7 @@ def _measure(rank: int, world: int, cases: list[tuple[float, str]]) -> list[int]
 
 @pytest.mark.timeout(120)
 def test_plan_predicts_measured_peak_within_15_percent():
-    measured = run_distributed(_measure, 1, CASES, timeout=110)[0]
+    measured = run_on_local_ranks(_measure, 1, CASES, timeout=110)[0]
     for (rate, opt), peak in zip(CASES, measured):
         plan = predict(CLASSES, 1, rate, D, B, opt)
         assert abs(peak - plan.peak_bytes) <= 0.15 * plan.peak_bytes, (

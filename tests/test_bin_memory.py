@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from _paths import ROOT
+from tests.helpers import ROOT
 
 IMAGES = 40
 

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests._dist import run_distributed
+from utils.distributed import run_on_local_ranks
+from utils.files import load_tensors, save_atomic
 from utils.checkpoint import (MANIFEST, clean_partial, find_latest, head_shard, list_checkpoints, load_common,
-                              load_file, load_head_rows, load_rng, make_common, restore_head, rng_state,
-                              save_atomic, save_checkpoint, set_rng_state, step_dir)
+                              load_head_rows, load_rng, make_common, restore_head, rng_state, train_state_of, TrainState,
+                              save_checkpoint, set_rng_state, step_dir)
 
 D = 4  # embedding size of the fake heads
 
@@ -40,7 +41,7 @@ def make_common_for(step: int, world_size: int, num_classes: int) -> dict:
     model(torch.ones(2, 3)).sum().backward()
     opt.step()
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
-    return make_common(step=step, epoch=1, step_in_epoch=3, lr=0.05, backbone=model.state_dict(),
+    return make_common(state=TrainState(step=step, epoch=1, step_in_epoch=3), lr=0.05, backbone=model.state_dict(),
                        backbone_optimizer=opt.state_dict(), scaler=scaler.state_dict(), world_size=world_size,
                        num_classes=num_classes, fingerprint="abc123", config={"lr": 0.1, "margin_list": (1.0, 0.5, 0.0),
                                                                              "output": None})
@@ -88,7 +89,7 @@ def save_world(output: Path, step: int, world_size: int, num_classes: int = 7, k
 def test_save_atomic_roundtrip(tmp_path):
     path = tmp_path / "sub" / "model.pt"
     save_atomic({"w": torch.ones(2)}, path)
-    assert torch.equal(load_file(path)["w"], torch.ones(2))
+    assert torch.equal(load_tensors(path)["w"], torch.ones(2))
     assert sorted(p.name for p in path.parent.iterdir()) == ["model.pt"]
 
 
@@ -97,7 +98,7 @@ def test_save_atomic_failure_keeps_previous_file(tmp_path):
     save_atomic({"w": torch.zeros(3)}, path)
     with pytest.raises((pickle.PicklingError, AttributeError)):
         save_atomic({"w": torch.ones(3), "bad": lambda: 0}, path)  # cannot be pickled: fails mid-write
-    assert torch.equal(load_file(path)["w"], torch.zeros(3))
+    assert torch.equal(load_tensors(path)["w"], torch.zeros(3))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt"]
 
 
@@ -114,7 +115,8 @@ def test_layout_contents_and_weights_only(tmp_path):
     for name in names - {MANIFEST}:  # everything loads with the restricted unpickler
         torch.load(ckpt / name, map_location="cpu", weights_only=True)
     common = load_common(ckpt)
-    assert (common["step"], common["epoch"], common["step_in_epoch"], common["world_size"]) == (12, 1, 3, 2)
+    assert (common["step"], common["world_size"]) == (12, 2)
+    assert train_state_of(common) == TrainState(step=12, epoch=1, step_in_epoch=3)  # the state: an entry of its own
     assert common["num_classes"] == 7 and common["fingerprint"] == "abc123"
     assert common["config"]["margin_list"] == (1.0, 0.5, 0.0) and common["scaler"]["scale"] == 1024.0
     assert "momentum_buffer" in common["backbone_optimizer"]["state"][0]
@@ -231,7 +233,7 @@ def test_repartition_errors_name_the_file(tmp_path):
         load_head_rows(ckpt, 0, 3, num_classes=9)
     with pytest.raises(ValueError, match=r"outside the checkpoint's \[0, 7\)"):
         load_head_rows(ckpt, 5, 3)
-    bad = load_file(ckpt / "head_rank1.pt")
+    bad = load_tensors(ckpt / "head_rank1.pt")
     bad["weight"] = torch.zeros(3, D + 1)
     save_atomic(bad, ckpt / "head_rank1.pt")
     with pytest.raises(ValueError, match=r"head_rank1.pt: embedding size 5 but other shards have 4"):
@@ -284,8 +286,23 @@ def _dist_save(rank: int, world_size: int, output: str) -> str:
 @pytest.mark.timeout(120)
 def test_two_gloo_ranks_default_barrier(tmp_path):
     pytest.importorskip("utils.distributed")
-    paths = run_distributed(_dist_save, 2, str(tmp_path), timeout=90)
+    paths = run_on_local_ranks(_dist_save, 2, str(tmp_path), timeout=90)
     assert paths == [str(step_dir(tmp_path, 4))] * 2
     assert find_latest(tmp_path) == step_dir(tmp_path, 4)
     rows = load_head_rows(paths[0], 0, 7, num_classes=7)
     assert torch.equal(rows["weight"], full_head(7)[0])
+
+
+def test_state_of_a_checkpoint_written_before_the_state_entry():
+    """Checkpoints of the previous layout kept the position at the top level and the skip count in the
+    config; they still resume."""
+    old = {"step": 30, "epoch": 1, "step_in_epoch": 14, "config": {"skipped_steps": 2}}
+    assert train_state_of(old) == TrainState(step=30, epoch=1, step_in_epoch=14, skipped_steps=2)
+
+
+def test_an_explicit_resume_that_finds_nothing_is_an_error(tmp_path):
+    from utils.checkpoint import choose_checkpoint
+
+    assert choose_checkpoint(tmp_path, False, True) is None  # auto-resume with nothing: start at step 0
+    with pytest.raises(ValueError, match="resume = True but .* holds no complete checkpoint"):
+        choose_checkpoint(tmp_path, True, True)

@@ -82,11 +82,11 @@ def test_head_step_synchronises_at_most_twice():
 
 
 def test_one_rank_nccl_group_trains_through_train_py(tmp_path):
-    from tests._launch import ROOT, _env, torchrun_command
+    from tests.helpers import ROOT, subprocess_env, torchrun_command
 
     cmd = [*torchrun_command(1), "train.py", "configs/debug_cpu", "--set", f"output={tmp_path}", "device=cuda",
            "max_steps=20", "frequent=5"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(cmd, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     log = (tmp_path / "training.log").read_text()
     assert "backend nccl" in log and "device cuda:0" in log, log[:2000]
@@ -95,25 +95,26 @@ def test_one_rank_nccl_group_trains_through_train_py(tmp_path):
 
 def _trainer_steps(dtype: str) -> dict:
     import train as trainer
+    from utils.checkpoint import TrainState
     from utils.config import load_config
 
     cfg = load_config("configs/debug_cpu", ["device=cuda", f"{dtype}=true", "max_nonfinite_steps=3"])
     job = trainer.build(cfg, 0, 1, torch.device("cuda", 0), logging.getLogger("test"))
     job.loader.set_epoch(0)
     batches = iter(job.loader)
-    state = trainer.TrainState()
+    state = TrainState()
     losses = []
     for _ in range(4):
         loss = trainer.optimizer_step(job, state, [next(batches)])
         losses.append(None if loss is None else float(loss))
         state.step += 1
     before = job.head.weight.detach().clone()
-    param = next(job.model.parameters())
+    param = next(job.backbone.parameters())
     handle = param.register_hook(lambda g: torch.full_like(g, float("inf")))
     skipped = trainer.optimizer_step(job, state, [next(batches)])
     handle.remove()
     return dict(losses=losses, skipped=skipped, head_unchanged=torch.equal(before, job.head.weight.detach()),
-                scale=job.scaler.scale, embedding_dtype=job.model(next(batches)[0]).dtype)
+                scale=job.scaler.scale, embedding_dtype=job.backbone(next(batches)[0]).dtype)
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
@@ -159,7 +160,7 @@ def test_dali_reads_a_rec_when_installed(tmp_path):
 
 
 def test_compiled_backbone_trains_on_cuda(tmp_path):
-    from tests._launch import train
+    from tests.helpers import train
 
     proc = train("configs/debug_cpu", tmp_path, "device=cuda", "compile=true", "max_steps=6", "frequent=3")
     assert "step 6/6" in (tmp_path / "training.log").read_text(), proc.stdout[-2000:]

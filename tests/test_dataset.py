@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from _paths import FIXTURES
+from tests.helpers import FIXTURES
 from PIL import Image
 
 from dataset import (FaceSampler, ImageFolderDataset, MXFaceDataset, SyntheticDataset, build_dataset,

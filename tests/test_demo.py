@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from _launch import ROOT, _env
+from tests.helpers import ROOT, subprocess_env
 
 SMALL = """
 config.rec = {rec!r}
@@ -30,7 +30,7 @@ def test_short_demo_beats_the_untrained_baseline(tmp_path):
     config.write_text((ROOT / "configs" / "demo_cpu.py").read_text()
                       + SMALL.format(rec=str(tmp_path / "data"), output=str(output)))
     proc = subprocess.run([sys.executable, "scripts/demo.py", "--config", str(config), "--pairs", "300"],
-                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=400)
+                          cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     results = json.loads((output / "results.json").read_text())
     assert sorted(results) == ["syn_easy", "syn_hard"]

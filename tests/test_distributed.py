@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests._dist import run_distributed
+from utils.distributed import run_on_local_ranks
+from tests.helpers import gather
 from utils import distributed as du
 
 pytestmark = pytest.mark.timeout(120)
@@ -29,7 +30,7 @@ def _objective(full: torch.Tensor, rank: int) -> torch.Tensor:
 
 def _gather_worker(rank: int, world: int) -> dict:
     x = _rank_input(rank).requires_grad_()
-    pieces = du.all_gather(x)
+    pieces = gather(x)
     full = torch.cat(pieces)
     _objective(full, rank).backward()
     grad_ours = x.grad.clone()
@@ -57,7 +58,7 @@ def _even_torch_check(rank: int) -> dict:
     """Equal sizes so that torch.distributed.nn.functional.all_gather applies."""
     import torch.distributed.nn.functional as dnn
     x = torch.randn(2, 3, generator=torch.Generator().manual_seed(rank), dtype=torch.float64).requires_grad_()
-    (torch.cat(du.all_gather(x)).cos() * (rank + 1)).sum().backward()
+    (torch.cat(gather(x)).cos() * (rank + 1)).sum().backward()
     ours = x.grad.clone()
     x.grad = None
     (torch.cat(dnn.all_gather(x)).cos() * (rank + 1)).sum().backward()
@@ -68,7 +69,7 @@ def test_helpers_without_process_group():
     assert du.get_rank() == 0 and du.get_world_size() == 1 and not du.is_distributed()
     du.barrier()
     x = torch.randn(3, 2, requires_grad=True)
-    assert du.all_gather(x)[0] is x
+    assert torch.equal(gather(x)[0], x)
     y = du.all_gather_cat(x, grad_scale=3.0)
     y.sum().backward()
     torch.testing.assert_close(x.grad, torch.full((3, 2), 3.0))
@@ -77,7 +78,7 @@ def test_helpers_without_process_group():
 
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_all_gather_forward_backward_against_single_process(world):
-    results = run_distributed(_gather_worker, world, timeout=90)
+    results = run_on_local_ranks(_gather_worker, world, timeout=90)
     inputs = [_rank_input(r).requires_grad_() for r in range(world)]
     full = torch.cat(inputs)
     # Single-process reference: the total objective is the sum of every rank's objective.

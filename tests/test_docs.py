@@ -1,7 +1,7 @@
 """The README's facts that code can check stay true."""
 from __future__ import annotations
 
-from _paths import ROOT
+from tests.helpers import ROOT
 
 
 def test_readme_config_table_is_generated_from_base():

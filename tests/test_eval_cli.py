@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torchvision.io import encode_jpeg
 
-from _paths import ROOT
+from tests.helpers import ROOT
 from eval import verify
 from eval.verification import _read_pickle, load_bin, save_bin
 from scripts import make_bin
@@ -112,7 +112,7 @@ def test_mismatched_weights_exit_with_one_line(trained):
 def test_missing_files_and_exclusive_sources(trained, capsys):
     rc, _, err = _run(capsys, *MODEL_ARGS, "--weights", trained / "nope.pt", "--data-dir", trained,
                       "--targets", "synth")
-    assert rc == 2 and err.strip().splitlines() == [f"eval.verify: error: weights file not found: {trained / 'nope.pt'}"]
+    assert rc == 2 and err.strip().splitlines() == [f"eval.verify: error: {trained / 'nope.pt'}: no such file"]
     rc, _, err = _run(capsys, *MODEL_ARGS, "--random-init", "0", "--data-dir", trained, "--targets", "synth,lfw")
     assert rc == 2 and "lfw.bin" in err and len(err.strip().splitlines()) == 1
     with pytest.raises(SystemExit):
@@ -150,7 +150,7 @@ def _numbers(line: str) -> list[str]:
 @pytest.mark.timeout(120)
 def test_training_log_and_cli_print_the_same_table_in_the_same_units(trained, capsys, caplog):
     from eval.callback import CallbackVerification
-    from utils.weights import load_weights
+    from utils.files import load_weights
 
     rc, out, _ = _run(capsys, *MODEL_ARGS, "--weights", trained / "model.pt", "--data-dir", trained,
                       "--targets", "synth.bin", "--batch-size", "16")  # the name with its .bin works too

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from scripts import gpu_check
-from tests._paths import ROOT
+from tests.helpers import ROOT
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: make gpu-check runs for real")

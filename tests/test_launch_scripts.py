@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from _paths import ROOT
+from tests.helpers import ROOT
 
 DIST = ["--nnodes", "2", "--nproc", "8", "--master-addr", "10.0.0.1"]
 

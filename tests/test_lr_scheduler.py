@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from _lr_reference import reference_polynomial_warmup
+from tests.helpers import reference_polynomial_warmup
 from utils.lr_scheduler import apply_lr, lr_at
 
 
@@ -108,7 +108,7 @@ def test_trainer_applies_lr_power(tmp_path):
     """train.py passes `lr_power` on: the logged lr of each step follows lr_at with that power."""
     import re
 
-    from _launch import train
+    from tests.helpers import train
 
     output = tmp_path / "out"
     train("configs/debug_cpu", output, "max_steps=6", "frequent=1", "save_every_steps=0", "lr_power=3")

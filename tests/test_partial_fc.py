@@ -14,7 +14,7 @@ from torch import nn
 import partial_fc
 from losses import ArcFace, CosFace
 from partial_fc import PartialFC, RowSparseAdamW, RowSparseSGD, build_head_optimizer, class_partition
-from tests._dist import run_distributed
+from utils.distributed import run_on_local_ranks
 from utils.distributed import sharded_cross_entropy
 
 pytestmark = pytest.mark.timeout(180)
@@ -128,7 +128,7 @@ def _saturated_logits() -> tuple[torch.Tensor, torch.Tensor]:
 
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_partial_fc_matches_single_process(world):
-    results = run_distributed(_worker, world, timeout=150)
+    results = run_on_local_ranks(_worker, world, timeout=150)
     inputs, emb, labels = _global_batch(world)
     full_init = partial_fc._init_rows(0, 0, NUM_CLASSES, D)
 
@@ -218,8 +218,8 @@ def _sparse_step(rank: int, world: int, opt_name: str) -> dict:
 
 
 def _gather_numpy(t: torch.Tensor) -> list:
-    from utils.distributed import all_gather
-    return [x.numpy() for x in all_gather(t)]
+    from tests.helpers import gather
+    return [x.numpy() for x in gather(t)]
 
 
 def _check_sampled_sparse_update(results: list[dict], world: int) -> None:

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from _paths import FIXTURES, ROOT
+from tests.helpers import FIXTURES, ROOT
 from PIL import Image
 
 from dataset import ImageFolderDataset, MXFaceDataset

@@ -13,8 +13,7 @@ import ast
 import pytest
 import torch
 
-from _lr_reference import reference_polynomial_warmup
-from _paths import ROOT, SHARED
+from tests.helpers import ROOT, SHARED, reference_polynomial_warmup
 from utils.config import CONFIG_DIR, _base_defaults, _load_module_config, derive, load_config
 from utils.lr_scheduler import lr_at
 

@@ -8,7 +8,7 @@ import struct
 
 import numpy as np
 import pytest
-from _paths import FIXTURES
+from tests.helpers import FIXTURES
 
 from utils.recordio import (MAGIC, IndexedRecordIO, IRHeader, RecordIOError, encode_record, pack, unpack,
                             write_insightface_rec)

@@ -13,7 +13,9 @@ import pytest
 import torch
 from torch import nn
 
-from tests._dist import run_distributed
+from tests.helpers import tiny_job
+from utils.checkpoint import TrainState
+from utils.distributed import run_on_local_ranks
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -22,25 +24,15 @@ NUM_CLASSES, D = 12, 8
 
 def _job(rank: int, world_size: int, *, fp16_scaler: bool = False, bf16: bool = False):
     """A trainer Job around a tiny backbone with batch norm and a sampled head (SGD with momentum)."""
-    import train as trainer
     from losses import CosFace
-    from partial_fc import PartialFC, build_head_optimizer
-    from utils.config import derive, load_config
-    from utils.precision import LossScaler
+    from partial_fc import PartialFC
 
-    cfg = load_config("configs/debug_cpu", ["num_classes=12", "sample_rate=0.5", "max_steps=10",
-                                            "max_nonfinite_steps=5"])
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 4 * 4, 16), nn.BatchNorm1d(16), nn.PReLU(16), nn.Linear(16, D))
-    backbone = trainer.wrap_ddp(model, torch.device("cpu")) if world_size > 1 else model
     head = PartialFC(CosFace(s=8.0, m=0.2), D, NUM_CLASSES, 0.5, seed=1)
-    return trainer.Job(
-        cfg=cfg, derived=derive(cfg, world_size), rank=rank, world_size=world_size, device=torch.device("cpu"),
-        backbone=backbone, model=model, head=head,
-        opt_backbone=trainer.build_optimizer("sgd", model.parameters(), 0.1, 0.9, 5e-4),
-        opt_head=build_head_optimizer(head, "sgd", lr=0.1, momentum=0.9, weight_decay=5e-4),
-        scaler=LossScaler(enabled=fp16_scaler, init_scale=1024.0), autocast_dtype=torch.bfloat16 if bf16 else None,
-        loader=None, logger=logging.getLogger("test"))
+    return tiny_job(rank, world_size, ["num_classes=12", "sample_rate=0.5", "max_steps=10", "max_nonfinite_steps=5"],
+                    model, head, fp16_scaler=fp16_scaler, init_scale=1024.0,
+                    autocast_dtype=torch.bfloat16 if bf16 else None)
 
 
 def _batch(rank: int, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -49,7 +41,7 @@ def _batch(rank: int, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def _snapshot(job) -> dict[str, torch.Tensor]:
-    out = {f"model.{k}": v.detach().clone() for k, v in job.model.state_dict().items()}
+    out = {f"model.{k}": v.detach().clone() for k, v in job.backbone.state_dict().items()}
     out["head.weight"] = job.head.weight.detach().clone()
     for name, opt in (("opt_backbone", job.opt_backbone), ("opt_head", job.opt_head)):
         for i, state in enumerate(opt.state.values()):
@@ -60,7 +52,7 @@ def _snapshot(job) -> dict[str, torch.Tensor]:
 
 def _poison_backbone(job, value: float):
     """A hook that turns one backbone gradient into `value` (before DDP's all-reduce)."""
-    param = list(job.model.parameters())[1]
+    param = list(job.backbone.parameters())[1]
     return param.register_hook(lambda g: torch.full_like(g, value))
 
 
@@ -77,7 +69,7 @@ def _decisions(rank: int, world_size: int, where: str, value: float, fp16_scaler
     import train as trainer
 
     job = _job(rank, world_size, fp16_scaler=fp16_scaler, bf16=bf16)
-    state = trainer.TrainState()
+    state = TrainState()
     assert trainer.optimizer_step(job, state, _batch(rank, 0)) is not None  # momentum exists from here on
     state.step += 1
     before, scale = _snapshot(job), job.scaler.scale
@@ -113,7 +105,7 @@ def _all_cases(rank: int, world_size: int) -> list[dict]:
 
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_a_non_finite_gradient_skips_both_optimizers_on_every_rank(world_size):
-    for rank, per_case in enumerate(run_distributed(_all_cases, world_size)):
+    for rank, per_case in enumerate(run_on_local_ranks(_all_cases, world_size)):
         for (where, value, fp16_scaler, _), r in zip(CASES, per_case):
             case = f"rank {rank}, {value} in the {where}{' (fp16 scaler)' if fp16_scaler else ''}"
             s = r["skipped"]

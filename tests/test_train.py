@@ -1,5 +1,5 @@
-"""The trainer end to end: real torchrun runs of configs/debug_cpu.py on CPU (gloo), resume, re-partition,
-two-node launch, gradient accumulation, and ONNX export of what it trained."""
+"""The trainer end to end: real torchrun runs of configs/debug_cpu.py on CPU (gloo), resume, two-node launch,
+gradient accumulation, and ONNX export of what it trained (another world size: reliability/test_world_size_change.py)."""
 from __future__ import annotations
 
 import subprocess
@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from _dist import free_port, run_distributed
-from _launch import (ROOT, _env, copy_checkpoints_until, gathered_head_after_resume, load_model, logged_losses,
-                     max_difference, saved_head, train)
+from utils.checkpoint import TrainState
+from utils.distributed import free_port, run_on_local_ranks
+from tests.helpers import (ROOT, copy_checkpoints_until, gathered_head_after_resume, load_model, logged_losses,
+                           max_difference, saved_head, subprocess_env, tiny_job, train)
 
 CONFIG = "configs/debug_cpu"
 # 16 optimizer steps on 2 ranks (one epoch of 256 images at 8 per rank), checkpoints every 4, all kept.
@@ -61,31 +62,6 @@ def test_resume_continues_with_the_same_losses_and_weights(two_rank_run, tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("world_size", [1, 3])
-def test_resume_on_another_world_size_gives_the_same_head(two_rank_run, tmp_path, world_size):
-    ckpt = two_rank_run / "checkpoints" / f"step_{8:09d}"
-    step, weight, state = run_distributed(gathered_head_after_resume, world_size, CONFIG, RUN, str(ckpt),
-                                              str(tmp_path))[0]
-    want_weight, want_state = saved_head(ckpt)
-    assert step == 8
-    assert torch.equal(weight, want_weight)
-    assert state.keys() == want_state.keys() and all(torch.equal(state[k], want_state[k]) for k in state)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_training_continues_on_three_ranks_from_a_two_rank_checkpoint(two_rank_run, tmp_path):
-    output = copy_checkpoints_until(two_rank_run, tmp_path / "three", step=8)
-    proc = train(CONFIG, output, *RUN, nproc=3)
-    assert "world size changed 2 -> 3" in proc.stdout
-    losses = logged_losses(output)
-    assert min(losses) > 8 and max(losses) == 16 and all(float(v) == float(v) for v in losses.values())
-    assert sorted(p.name for p in (output / "checkpoints" / f"step_{16:09d}").glob("head_rank*.pt")) == [
-        "head_rank0.pt", "head_rank1.pt", "head_rank2.pt"]
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
 def test_two_node_launch_trains_like_one_node(two_rank_run, tmp_path):
     """Two torchrun processes (--nnodes=2, one rank each, c10d rendezvous on 127.0.0.1) started through
     scripts/dist.sh --run, as a user starts one per node."""
@@ -94,7 +70,7 @@ def test_two_node_launch_trains_like_one_node(two_rank_run, tmp_path):
     nodes = [subprocess.Popen(["bash", "scripts/dist.sh", "--nnodes", "2", "--nproc", "1", "--master-addr",
                                "127.0.0.1", "--master-port", str(port), "--node-rank", str(r), "--run", CONFIG,
                                "--set", f"output={output}", *RUN],
-                              cwd=ROOT, env={**_env(), "PYTHON": sys.executable}, stdout=subprocess.PIPE,
+                              cwd=ROOT, env={**subprocess_env(), "PYTHON": sys.executable}, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
              for r in (0, 1)]
     outs = []
@@ -121,41 +97,29 @@ def test_train_cli_rejects_a_misspelt_key_with_a_suggestion(tmp_path):
 # ---------------------------------------------------------------------------------------- accumulation
 def _accumulation_steps(rank: int, world_size: int) -> list[torch.Tensor]:
     """One optimizer step with 2 micro-batches of B and one with a single batch of 2B, from equal weights."""
-    import logging
-
     from torch import nn
 
     import train as trainer
     from losses import ArcFace
-    from partial_fc import PartialFC, build_head_optimizer
-    from utils.config import derive, load_config
-    from utils.precision import LossScaler
+    from partial_fc import PartialFC
 
     results = []
     for acc in (2, 1):
-        cfg = load_config(CONFIG, [f"gradient_acc={acc}", f"batch_size={8 // acc}", "sample_rate=1.0",
-                                   "num_classes=10", "clip_grad_norm=0", "warmup_epoch=0", "max_steps=4"])
         torch.manual_seed(0)
         # No batch statistics: accumulation over micro-batches is then exactly a bigger batch.
         model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 4 * 4, 16), nn.PReLU(16), nn.Linear(16, 16))
-        backbone = nn.parallel.DistributedDataParallel(model) if world_size > 1 else model
         head = PartialFC(ArcFace(s=8.0, margin=0.2), 16, 10, 1.0)
         torch.manual_seed(1)
         head.weight.data.normal_(0, 0.5)
-        job = trainer.Job(
-            cfg=cfg, derived=derive(cfg, world_size), rank=rank, world_size=world_size,
-            device=torch.device("cpu"), backbone=backbone, model=model, head=head,
-            opt_backbone=trainer.build_optimizer("sgd", model.parameters(), 0.1, 0.9, 5e-4),
-            opt_head=build_head_optimizer(head, "sgd", lr=0.1, momentum=0.9, weight_decay=5e-4),
-            scaler=LossScaler(enabled=False), autocast_dtype=None, loader=None,
-            logger=logging.getLogger("test"))
+        job = tiny_job(rank, world_size, [f"gradient_acc={acc}", f"batch_size={8 // acc}", "sample_rate=1.0",
+                                          "num_classes=10", "clip_grad_norm=0", "warmup_epoch=0", "max_steps=4"],
+                       model, head)
         g = torch.Generator().manual_seed(100 + rank)
         images = torch.randn(8, 3, 4, 4, generator=g)
         labels = torch.randint(0, 10, (8,), generator=g)
         micro = [(images[i * 8 // acc:(i + 1) * 8 // acc], labels[i * 8 // acc:(i + 1) * 8 // acc])
                  for i in range(acc)]
-        state = trainer.TrainState(step=1)
-        trainer.optimizer_step(job, state, micro)
+        trainer.optimizer_step(job, TrainState(step=1), micro)
         results.append(torch.cat([p.detach().flatten() for p in model.parameters()] + [head.weight.detach().flatten()]))
     return results
 
@@ -163,7 +127,7 @@ def _accumulation_steps(rank: int, world_size: int) -> list[torch.Tensor]:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_gradient_accumulation_of_two_micro_batches_equals_one_double_batch(world_size):
-    for accumulated, single in run_distributed(_accumulation_steps, world_size):
+    for accumulated, single in run_on_local_ranks(_accumulation_steps, world_size):
         assert torch.allclose(accumulated, single, atol=1e-6, rtol=1e-5), (accumulated - single).abs().max()
 
 
@@ -249,18 +213,18 @@ def test_compile_key_trains_the_compiled_backbone_and_saves_the_plain_one(tmp_pa
 def _ddp_warnings(rank: int, world_size: int) -> list[str]:
     import warnings
 
-    import train as trainer
+    from utils.distributed import wrap_ddp
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        ddp = trainer.wrap_ddp(torch.nn.Linear(4, 4), torch.device("cpu"))
+        ddp = wrap_ddp(torch.nn.Linear(4, 4), torch.device("cpu"))
     assert ddp.gradient_as_bucket_view
     return [f"{w.category.__name__}: {w.message}" for w in caught]
 
 
 @pytest.mark.timeout(60)
 def test_ddp_wrapper_raises_no_deprecation_warning():
-    assert run_distributed(_ddp_warnings, 1) == [[]]
+    assert run_on_local_ranks(_ddp_warnings, 1) == [[]]
 
 
 def test_tf32_key_sets_both_torch_switches_on_cuda_only():

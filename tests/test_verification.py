@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torchvision.io import encode_jpeg
 
-from _paths import FIXTURES
+from tests.helpers import FIXTURES
 from eval import verification as V
 
 TINY_BIN = FIXTURES / "bins" / "tiny.bin"

@@ -25,14 +25,16 @@ from __future__ import annotations
 import json
 import logging
 import os
-import pickle
 import re
 import shutil
 from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
+
+from utils.files import atomic_write, fsync_dir, load_tensors, save_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +43,8 @@ CHECKPOINT_SUBDIR = "checkpoints"
 MANIFEST = "manifest.json"
 COMMON_FILE = "common.pt"
 _STEP_DIR = re.compile(r"^step_(\d{9})$")
-COMMON_KEYS = ("format", "step", "epoch", "step_in_epoch", "lr", "backbone", "backbone_optimizer", "scaler",
-               "world_size", "num_classes", "fingerprint", "config")
+COMMON_KEYS = ("format", "step", "lr", "backbone", "backbone_optimizer", "scaler", "world_size", "num_classes",
+               "fingerprint", "config")
 HEAD_KEYS = ("class_start", "num_local", "num_classes", "weight", "state")
 
 
@@ -68,72 +70,33 @@ def rng_file(rank: int) -> str:
     return f"rng_rank{rank}.pt"
 
 
-# ------------------------------------------------------------------------------------------------ low-level I/O
-
-def _fsync_dir(path: Path) -> None:
-    """Make a rename or file creation inside ``path`` durable (the directory entry itself is flushed)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path: Path, write: Callable[[Any], None]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    written = False
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        written = True
-    finally:
-        if not written:  # a failed write leaves neither a half file nor its .tmp; `path` keeps its old content
-            tmp.unlink(missing_ok=True)
-    _fsync_dir(path.parent)
-
-
-def save_atomic(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save(obj)`` to ``path`` through ``<path>.tmp`` + fsync + rename: readers see old or new, never half.
-
-    Use for single files such as ``<output>/model.pt`` (the backbone-only state_dict). Creates the parent folder.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomic(path, lambda f: torch.save(obj, f))
-
-
-def load_file(path: str | os.PathLike, mmap: bool = False) -> Any:
-    """``torch.load(path, weights_only=True)`` on CPU; refuses files holding anything but plain data.
-
-    Raises ``ValueError`` naming the file when it is not a tensors-only checkpoint (e.g. a pickle that would
-    import or call code) or cannot be read.
-    """
-    path = Path(path)
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except pickle.UnpicklingError as exc:
-        raise ValueError(f"{path}: refused: the file holds objects other than tensors, numbers, strings, lists "
-                         f"and dicts, and loading it could run code ({str(exc).splitlines()[0]})") from None
-    except (RuntimeError, EOFError, OSError) as exc:
-        raise ValueError(f"{path}: cannot be read as a checkpoint file ({exc})") from exc
-
-
 # ------------------------------------------------------------------------------------------------ contents
 
-def make_common(*, step: int, epoch: int, step_in_epoch: int, lr: float, backbone: Mapping[str, torch.Tensor],
+@dataclass
+class TrainState:
+    """Where the run is; saved in every checkpoint as its own entry (``common["state"]``).
+
+    ``step``: optimizer steps taken (skipped non-finite steps count: their batches were consumed). The data
+    position is ``(epoch, step_in_epoch)``: the next batch to read is number ``step_in_epoch`` of ``epoch``.
+    """
+
+    step: int = 0
+    epoch: int = 0
+    step_in_epoch: int = 0
+    nonfinite_in_row: int = 0
+    skipped_steps: int = 0
+
+
+def make_common(*, state: TrainState, lr: float, backbone: Mapping[str, torch.Tensor],
                 backbone_optimizer: Mapping[str, Any], scaler: Mapping[str, Any], world_size: int,
                 num_classes: int, fingerprint: str, config: Mapping[str, Any]) -> dict[str, Any]:
     """The rank-0 part of a checkpoint as an explicit dict.
 
     ``backbone``: the unwrapped module's state_dict (no DDP ``module.`` prefix). ``backbone_optimizer`` and
-    ``scaler``: their ``state_dict()``. ``epoch``/``step_in_epoch``: where the data loader resumes (the next
-    batch to read is number ``step_in_epoch`` of epoch ``epoch``). ``config``: ``Config.to_dict()``.
+    ``scaler``: their ``state_dict()``. ``config``: ``Config.to_dict()``.
     """
     return {
-        "format": FORMAT_VERSION, "step": int(step), "epoch": int(epoch), "step_in_epoch": int(step_in_epoch),
+        "format": FORMAT_VERSION, "step": int(state.step), "state": asdict(state),
         "lr": float(lr), "backbone": {k: v.detach().cpu() for k, v in backbone.items()},
         "backbone_optimizer": dict(backbone_optimizer), "scaler": dict(scaler), "world_size": int(world_size),
         "num_classes": int(num_classes), "fingerprint": str(fingerprint), "config": dict(config),
@@ -205,10 +168,10 @@ def save_checkpoint(output: str | os.PathLike, step: int, *, rank: int, world_si
         tmp.mkdir()
     barrier()  # the empty .tmp directory exists before anyone writes into it
 
-    _write_atomic(tmp / head_file(rank), lambda f: torch.save(dict(head), f))
-    _write_atomic(tmp / rng_file(rank), lambda f: torch.save(dict(rng if rng is not None else rng_state()), f))
+    atomic_write(tmp / head_file(rank), lambda f: torch.save(dict(head), f))
+    atomic_write(tmp / rng_file(rank), lambda f: torch.save(dict(rng if rng is not None else rng_state()), f))
     if rank == 0:
-        _write_atomic(tmp / COMMON_FILE, lambda f: torch.save(dict(common), f))
+        atomic_write(tmp / COMMON_FILE, lambda f: torch.save(dict(common), f))
     barrier()  # every rank's files are durable in .tmp
 
     if rank == 0:
@@ -218,14 +181,14 @@ def save_checkpoint(output: str | os.PathLike, step: int, *, rank: int, world_si
             raise ValueError(f"{tmp}: files {missing} were not written; does every rank see this folder?")
         manifest = {"format": FORMAT_VERSION, "step": step, "world_size": world_size,
                     "files": {n: (tmp / n).stat().st_size for n in names}}
-        _write_atomic(tmp / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
+        atomic_write(tmp / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
         old = final.with_name(final.name + ".old")
         if final.exists():  # re-saving a step: move the old copy aside so the name is never half-written
             if old.exists():
                 shutil.rmtree(old)
             os.replace(final, old)
         os.replace(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
         if old.exists():
             shutil.rmtree(old)
         prune(output, keep)
@@ -333,7 +296,7 @@ def load_common(ckpt_dir: str | os.PathLike) -> dict[str, Any]:
     path = Path(ckpt_dir) / COMMON_FILE
     if not path.is_file():
         raise ValueError(f"{path}: missing; expected the rank-0 part of a checkpoint")
-    common = load_file(path)
+    common = load_tensors(path)
     if not isinstance(common, dict) or [k for k in COMMON_KEYS if k not in common]:
         keys = sorted(common) if isinstance(common, dict) else type(common).__name__
         raise ValueError(f"{path}: holds {keys}; expected keys {list(COMMON_KEYS)}")
@@ -343,7 +306,7 @@ def load_common(ckpt_dir: str | os.PathLike) -> dict[str, Any]:
 def load_rng(ckpt_dir: str | os.PathLike, rank: int) -> dict[str, torch.Tensor] | None:
     """Rank ``rank``'s RNG state, or None when the checkpoint had fewer ranks (world size changed)."""
     path = Path(ckpt_dir) / rng_file(rank)
-    return load_file(path) if path.is_file() else None
+    return load_tensors(path) if path.is_file() else None
 
 
 def _check_shard(shard: Any, path: Path) -> None:
@@ -380,7 +343,7 @@ def load_head_rows(ckpt_dir: str | os.PathLike, class_start: int, num_local: int
         if not path.is_file():
             raise ValueError(f"{path}: missing head shard of rank {r} (the checkpoint was written by "
                              f"{saved_world} ranks)")
-        shard = load_file(path, mmap=True)  # memory-mapped: only the overlapping rows are read from disk
+        shard = load_tensors(path, mmap=True)  # memory-mapped: only the overlapping rows are read from disk
         _check_shard(shard, path)
         if num_classes is not None and shard["num_classes"] != num_classes:
             raise ValueError(f"{path}: checkpoint was trained with num_classes = {shard['num_classes']}, the config "
@@ -426,3 +389,125 @@ def restore_head(weight: torch.nn.Parameter, optimizer: torch.optim.Optimizer, r
     with torch.no_grad():
         weight.copy_(rows["weight"].to(device=weight.device, dtype=weight.dtype))
     optimizer.state[weight] = {k: v.to(weight.device) for k, v in rows["state"].items()}
+
+
+def train_state_of(common: Mapping[str, Any]) -> TrainState:
+    """The ``TrainState`` of a checkpoint's common part (checkpoints written before it was an entry of its own
+    kept the position at the top level and the skipped-step count in the config)."""
+    if "state" in common:
+        return TrainState(**common["state"])
+    return TrainState(step=common["step"], epoch=common["epoch"], step_in_epoch=common["step_in_epoch"],
+                      skipped_steps=common["config"].get("skipped_steps", 0))
+
+
+def resume_position(state: TrainState, saved_world_size: int, world_size: int, steps_per_epoch: int,
+                    max_steps: int) -> TrainState:
+    """Where to continue, in units of the new world size's optimizer steps.
+
+    On the same world size nothing changes. On another one a step holds ``world_size / saved_world_size``
+    times the samples: the position in the epoch keeps the samples consumed (rounded down, so a few are
+    seen again rather than skipped), and for an epoch-based run (``max_steps = 0``) the step counter is
+    recomputed from the epoch position, so the LR schedule continues at the same fraction of training and
+    the run still ends after the configured epochs. A step-based run (``max_steps > 0``) keeps its step.
+    """
+    if saved_world_size == world_size:
+        return state
+    epoch, step_in_epoch = state.epoch, state.step_in_epoch * saved_world_size // world_size
+    if step_in_epoch >= steps_per_epoch:
+        epoch, step_in_epoch = epoch + 1, 0
+    step = epoch * steps_per_epoch + step_in_epoch if max_steps == 0 else state.step
+    return TrainState(step=step, epoch=epoch, step_in_epoch=step_in_epoch, skipped_steps=state.skipped_steps)
+
+
+def choose_checkpoint(output: str | os.PathLike, resume: bool | str, auto_resume: bool) -> Path | None:
+    """The checkpoint a run continues from: ``resume`` as a path; the newest complete one under ``output``
+    when ``resume`` or ``auto_resume``; else None. ``resume=True`` with no complete checkpoint is a
+    ``ValueError`` (an explicit resume that finds nothing is a mistake: a wrong ``output``, say)."""
+    if isinstance(resume, str):
+        return Path(resume)
+    latest = find_latest(output) if (resume or auto_resume) else None
+    if resume and latest is None:
+        raise ValueError(f"resume = True but {checkpoint_root(output)} holds no complete checkpoint; check "
+                         f"`output`, or leave resume = False to start (auto_resume continues when there is one)")
+    return latest
+
+
+class Trainer(Protocol):
+    """What ``save_training_state`` and ``restore_training_state`` use of the trainer's ``Job``."""
+
+    cfg: Any
+    rank: int
+    world_size: int
+    backbone: torch.nn.Module
+    opt_backbone: torch.optim.Optimizer
+    head: Any  # partial_fc.PartialFC: weight (num_local, D), class_start, num_local
+    opt_head: torch.optim.Optimizer
+    scaler: Any  # utils.precision.LossScaler
+    output: Path
+    fingerprint: str
+
+
+def save_run(job: Trainer, state: TrainState, logger: logging.Logger) -> None:
+    """What the trainer saves (every rank calls it): with ``save_all_states`` a step checkpoint, then
+    ``model.pt`` (rank 0, the plain backbone's state_dict in the official layout); each written atomically."""
+    if job.cfg.save_all_states:
+        path = save_training_state(job, state)
+        logger.info("checkpoint %s (step %d; next: epoch %d, step %d in epoch)", path, state.step, state.epoch,
+                    state.step_in_epoch)
+    if job.rank == 0:
+        save_atomic(job.backbone.state_dict(), job.output / "model.pt")
+
+
+def resume(job: Trainer, steps_per_epoch: int, logger: logging.Logger) -> TrainState:
+    """Clean partial saves (rank 0), choose the checkpoint (``choose_checkpoint``) and restore it; the state to
+    start from (step 0 when there is none)."""
+    if job.rank == 0:
+        clean_partial(job.output)
+    latest = choose_checkpoint(job.output, job.cfg.resume, job.cfg.auto_resume)
+    if latest is None:
+        return TrainState()
+    state, saved_world = restore_training_state(job, latest, steps_per_epoch)
+    if saved_world != job.world_size:
+        logger.info("world size changed %d -> %d: head re-partitioned, random streams re-seeded", saved_world,
+                    job.world_size)
+    logger.info("resumed from %s at step %d (epoch %d, step %d in epoch)", latest, state.step, state.epoch,
+                state.step_in_epoch)
+    return state
+
+
+def save_training_state(job: Trainer, state: TrainState) -> Path:
+    """Write checkpoint ``state.step`` (every rank calls it: rank 0 the common part, each rank its head shard)."""
+    common = None
+    if job.rank == 0:
+        common = make_common(state=state, lr=job.opt_backbone.param_groups[0]["lr"],
+                             backbone=job.backbone.state_dict(), backbone_optimizer=job.opt_backbone.state_dict(),
+                             scaler=job.scaler.state_dict(), world_size=job.world_size,
+                             num_classes=job.cfg.num_classes, fingerprint=job.fingerprint, config=job.cfg.to_dict())
+    head = head_shard(job.head.weight, job.opt_head.state[job.head.weight], job.head.class_start,
+                      job.cfg.num_classes)
+    return save_checkpoint(job.output, state.step, rank=job.rank, world_size=job.world_size, head=head,
+                           common=common, keep=job.cfg.keep_checkpoints)
+
+
+def restore_training_state(job: Trainer, ckpt_dir: Path, steps_per_epoch: int) -> tuple[TrainState, int]:
+    """Restore what ``save_training_state`` wrote into ``job``; returns ``(state to continue from, the world
+    size that wrote it)``. Head rows and their optimizer state are re-partitioned when the world size changed;
+    the random streams are then re-seeded deterministically (the old per-rank streams cannot continue)."""
+    common = load_common(ckpt_dir)
+    if common["fingerprint"] != job.fingerprint:
+        raise ValueError(f"checkpoint {ckpt_dir} was written by a different config (fingerprint "
+                         f"{common['fingerprint']} != {job.fingerprint}); use another `output`, or set "
+                         f"auto_resume=False and resume=False to start afresh")
+    job.backbone.load_state_dict(common["backbone"])
+    job.opt_backbone.load_state_dict(common["backbone_optimizer"])
+    job.scaler.load_state_dict(common["scaler"])
+    rows = load_head_rows(ckpt_dir, job.head.class_start, job.head.num_local, num_classes=job.cfg.num_classes)
+    restore_head(job.head.weight, job.opt_head, rows)
+    saved_world = common["world_size"]
+    rng = load_rng(ckpt_dir, job.rank)
+    if saved_world == job.world_size and rng is not None:
+        set_rng_state(rng)
+    else:
+        torch.manual_seed(job.cfg.seed + 1_000_003 * common["step"] + job.rank)
+    state = resume_position(train_state_of(common), saved_world, job.world_size, steps_per_epoch, job.cfg.max_steps)
+    return state, saved_world

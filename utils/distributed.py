@@ -1,5 +1,7 @@
-"""Every collective of the project and the autograd Functions built on them.
+"""The process group, every collective of the project, and the autograd Functions built on them.
 
+``pick_device`` and ``init_process_group`` set up a rank as torchrun describes it; ``run_on_local_ranks``
+starts N local ranks of a function (benchmarks and tests; training is launched by torchrun only).
 Without an initialised process group every helper acts as the one-process identity
 (``get_rank() == 0``, ``get_world_size() == 1``, gathers return their input), so the same code runs in
 one process, under ``torchrun`` with gloo on CPUs, and with NCCL on GPUs (tensors stay on their device).
@@ -19,22 +21,155 @@ small after DDP: an effective learning rate that silently shrinks with the world
 """
 from __future__ import annotations
 
+import datetime
+import inspect
 import logging
-from collections.abc import Sequence
-from typing import Literal
+import os
+import pickle
+import queue as queue_module
+import socket
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 from torch import Tensor
 
 __all__ = [
-    "all_gather", "all_gather_cat", "all_gather_sizes", "all_reduce", "barrier", "broadcast_ints", "get_rank",
+    "free_port", "init_process_group", "pick_device", "run_on_local_ranks", "wrap_ddp", "all_gather_cat", "all_gather_sizes", "all_reduce", "barrier", "broadcast_ints", "get_rank",
     "get_world_size", "to_host",
     "is_distributed", "resolve_tactic", "rows_per_block", "sharded_cross_entropy", "Tactic", "TACTICS",
 ]
 
 logger = logging.getLogger(__name__)
 
+
+# ------------------------------------------------------------------------------------------------ set-up
+
+def pick_device(requested: str) -> torch.device:
+    """The device for this process: ``cuda:LOCAL_RANK`` under torchrun on GPUs, else the CPU.
+
+    ``requested``: "auto" (CUDA when available), "cpu" or "cuda" (an error on a machine without CUDA).
+    """
+    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ValueError("device = 'cuda' but torch.cuda.is_available() is False on this machine; use device = "
+                         "'cpu' or 'auto'")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
+def init_process_group(device: torch.device, timeout_minutes: float) -> None:
+    """Join the process group torchrun describes (env://), also a 1-rank one, so that a launch through torchrun
+    always runs the collectives' real code; a plain ``python`` launch stays without a process group.
+
+    NCCL on CUDA (bound to this rank's GPU at once), gloo on the CPU.
+    """
+    if "WORLD_SIZE" not in os.environ or dist.is_initialized():
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    timeout = datetime.timedelta(minutes=timeout_minutes)
+    bound = {"device_id": device} if device.type == "cuda" else {}
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None:
+        dist.init_process_group(backend=backend, init_method="env://", timeout=timeout, **bound)
+        return
+    # Under torchrun the store can outlive a restart (the agent's store serves every round). A restarted
+    # group that reads the previous round's keys makes gloo connect to the dead ranks' addresses and fail,
+    # so every attempt gets its own key space.
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(host, port, world_size, is_master=rank == 0 and not agent_store, timeout=timeout)
+    dist.init_process_group(backend=backend, store=dist.PrefixStore(f"facetrain/attempt_{attempt}", store),
+                            rank=rank, world_size=world_size, timeout=timeout, **bound)
+
+
+def wrap_ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.parallel.DistributedDataParallel:
+    """DDP over ``model``: gradients live in DDP's buckets (no second copy), and each rank keeps its own
+    batch-norm running statistics between steps, as the reference does (rank 0's are saved)."""
+    ddp = torch.nn.parallel.DistributedDataParallel
+    kwargs: dict[str, Any] = {"device_ids": [device.index] if device.type == "cuda" else None,
+                              "gradient_as_bucket_view": True}
+    # torch 2.14 renamed broadcast_buffers (now deprecated, with a warning); earlier releases know only it.
+    if "forward_sync_buffers" in inspect.signature(ddp.__init__).parameters:
+        kwargs["forward_sync_buffers"] = False
+    else:
+        kwargs["broadcast_buffers"] = False
+    return ddp(model, **kwargs)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it; never a fixed number)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _local_rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int, backend: str, args: tuple,
+                     results) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
+    try:
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(backend, rank=rank, world_size=world_size)
+        try:
+            result = fn(rank, world_size, *args)
+        finally:
+            dist.destroy_process_group()
+        # Pickled here, by value: a tensor put on a torch.multiprocessing queue is shared through a file
+        # descriptor that dies with this process, which exits right after.
+        results.put((rank, True, pickle.dumps(result)))
+    except BaseException:  # reported to the parent, which raises with it
+        results.put((rank, False, traceback.format_exc()))
+
+
+def run_on_local_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
+                       timeout: float = 180.0) -> list[Any]:
+    """Call ``fn(rank, world_size, *args)`` on ``world_size`` spawned local ranks; return the results by rank.
+
+    For benchmarks and tests (training is launched by torchrun). ``fn`` must be importable (a module-level
+    function) and its arguments and result picklable. Every call gets its own free port. Raises
+    ``RuntimeError`` with the failing rank's traceback, or after ``timeout`` seconds without a result.
+    """
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_local_rank_main, args=(fn, r, world_size, port, backend, args, results))
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    by_rank: dict[int, Any] = {}
+    errors: list[str] = []
+    try:
+        for _ in range(world_size):
+            try:
+                rank, ok, value = results.get(timeout=timeout)
+            except queue_module.Empty as exc:  # some rank hung or died without reporting
+                raise RuntimeError(f"{fn.__name__} on {world_size} local ranks: no result within {timeout:.0f}s "
+                                   f"(got ranks {sorted(by_rank)})") from exc
+            if not ok:
+                errors.append(f"rank {rank}:\n{value}")
+                break
+            by_rank[rank] = pickle.loads(value)
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    if errors:
+        raise RuntimeError(f"{fn.__name__} failed on " + "\n".join(errors))
+    return [by_rank[r] for r in range(world_size)]
+
+
+# ------------------------------------------------------------------------------------------------ collectives
 
 def is_distributed() -> bool:
     """True when a default process group exists."""
@@ -162,19 +297,6 @@ def all_gather_cat(tensor: Tensor, grad_scale: float = 1.0, sizes: Sequence[int]
     if world == 1:
         return _ScaleGrad.apply(tensor, grad_scale) if grad_scale != 1.0 else tensor
     return _AllGatherCat.apply(tensor, tuple(int(n) for n in sizes), float(grad_scale))
-
-
-def all_gather(tensor: Tensor) -> list[Tensor]:
-    """Differentiable all_gather: every rank's ``tensor`` (first dims may differ), in rank order.
-
-    Backward of piece ``r`` on every rank is summed into rank ``r``'s input (reduce-scatter(sum));
-    unused pieces contribute zero gradient.
-    """
-    world = get_world_size()
-    if world == 1:
-        return [tensor]
-    sizes = [n for n, in all_gather_sizes([tensor.shape[0]], tensor.device)]
-    return list(torch.split(all_gather_cat(tensor, sizes=sizes), sizes))
 
 
 class _ScaleGrad(torch.autograd.Function):

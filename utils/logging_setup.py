@@ -1,13 +1,18 @@
-"""One logger for the trainer: rank 0 writes to the console and to ``<output>/training.log``.
+"""One logger for the trainer: rank 0 writes to the console and to ``<output>/training.log``; and its
+progress lines (``ProgressLog``).
 
 Other ranks log warnings and errors only, to the console, prefixed with their rank, so a failure on any
 rank is still visible but the normal log is written once.
 """
 from __future__ import annotations
 
+import datetime
 import logging
 import sys
+import time
 from pathlib import Path
+
+import torch
 
 LOGGER_NAME = "facetrain"
 _FORMAT = "%(asctime)s %(levelname)s %(message)s"
@@ -41,3 +46,49 @@ def setup_logging(rank: int, output: str | Path | None) -> logging.Logger:
         child.setLevel(logger.level)
         child.propagate = False
     return logger
+
+
+class ProgressLog:
+    """The trainer's progress lines: loss (running mean since the last line), LR, samples/s, grad scale, ETA,
+    to the log and, on rank 0, to TensorBoard (``train/loss``, ``train/lr``, ...).
+
+    Losses are summed on the device (``add``); ``log`` reads the sum on the host, once per line. Steps
+    count skipped ones too (their batches were read and computed); ``images_per_step`` is the global batch
+    times the accumulation.
+    """
+
+    def __init__(self, logger: logging.Logger, writer, total_steps: int, images_per_step: int,
+                 start_step: int) -> None:
+        self.logger, self.writer = logger, writer
+        self.total_steps, self.images_per_step = total_steps, images_per_step
+        self.run_start, self.start_step = time.perf_counter(), start_step
+        self._reset()
+
+    def _reset(self) -> None:
+        self.total: torch.Tensor | float = 0.0
+        self.count, self.steps, self.start = 0, 0, time.perf_counter()
+
+    def add(self, loss: torch.Tensor | None) -> None:
+        """One step's loss (a device tensor), or None for a skipped step."""
+        self.steps += 1
+        if loss is not None:
+            self.total = self.total + loss
+            self.count += 1
+
+    def log(self, step: int, epoch: int, lr: float, scale: float | None) -> float:
+        """Log the steps since the last line (``scale``: the fp16 loss scale, None without one); returns their
+        mean loss."""
+        now = time.perf_counter()
+        mean = float(self.total) / self.count if self.count else float("nan")
+        # The interval since the last line: `frequent` steps, fewer for the last line or after a resume.
+        speed = self.images_per_step * self.steps / max(now - self.start, 1e-9)
+        eta = (self.total_steps - step) * (now - self.run_start) / max(step - self.start_step, 1)
+        self.logger.info("step %d/%d epoch %d | loss %.4f | lr %.6f | %.1f samples/s | grad scale %g | eta %s",
+                         step, self.total_steps, epoch, mean, lr, speed, 1.0 if scale is None else scale,
+                         datetime.timedelta(seconds=int(eta)))
+        if self.writer is not None:
+            scalars = {"loss": mean, "lr": lr, "samples_per_sec": speed, **({"grad_scale": scale} if scale else {})}
+            for key, value in scalars.items():
+                self.writer.add_scalar(f"train/{key}", value, step)
+        self._reset()
+        return mean

@@ -20,9 +20,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["LossScaler", "autocast", "configure_tf32"]
+from utils.distributed import all_reduce, to_host
+
+__all__ = ["LossScaler", "autocast", "configure_tf32", "nonfinite_parts"]
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
@@ -109,3 +112,19 @@ class LossScaler:
         for key in ("growth_factor", "backoff_factor", "growth_interval"):
             if key in state:
                 setattr(self, key, type(getattr(self, key))(state[key]))
+
+
+def nonfinite_parts(loss: Tensor, backbone_grads: list[Tensor], head_grad: Tensor | None) -> tuple[list[str], Tensor]:
+    """One decision for both optimizers on every rank: which of the loss, the backbone's gradients and this
+    rank's head gradient (dense, or the values of a sparse one) are not finite on any rank.
+
+    Returns ``(names of the non-finite parts, [] when all are finite; the backbone's gradient norm)``. The
+    backbone's gradients are equal on every rank after DDP's all-reduce and the loss is the global mean, but
+    the head's gradients are each rank's own: the three flags are all-reduced (MAX), so every rank skips or
+    steps together. Reading them is the one host-device synchronisation of the trainer's step.
+    """
+    norm = torch.nn.utils.get_total_norm(backbone_grads) if backbone_grads else loss.new_zeros(())  # ()
+    head = head_grad.sum() if head_grad is not None else loss.new_zeros(())  # () non-finite iff an entry is
+    flags = (~torch.isfinite(torch.stack([loss.float(), norm.float(), head.float()]))).float()  # (3,)
+    bad = to_host(all_reduce(flags, dist.ReduceOp.MAX))
+    return [name for name, b in zip(("loss", "backbone gradients", "head gradients"), bad) if b], norm

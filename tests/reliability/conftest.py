@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from _launch import train
-from _reliability import CONFIG, REFERENCE
+from tests.helpers import CONFIG, REFERENCE, train
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from _launch import ROOT, _env, torchrun_command, train
+from tests.helpers import ROOT, subprocess_env, torchrun_command, train
 
 CASES = {
     "unknown_key": ("sample_rat=0.5", r"sample_rat.*'sample_rate'"),
@@ -41,7 +41,7 @@ def test_train_cli_rejects_with_one_line(tmp_path, case):
 def test_more_ranks_than_classes_under_torchrun(tmp_path):
     cmd = [*torchrun_command(2), "train.py", "configs/debug_cpu", "--set", f"output={tmp_path / 'out'}",
            "num_classes=1"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=110)
+    proc = subprocess.run(cmd, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=110)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-3000:]
     assert re.search(r"num_classes = 1 is smaller than world_size = 2.*at most 1 ranks", out), out[-3000:]

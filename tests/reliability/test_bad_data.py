@@ -18,7 +18,7 @@ import pytest
 import torch
 from torchvision.io import encode_jpeg
 
-from _launch import ROOT, train
+from tests.helpers import ROOT, train
 from dataset import MXFaceDataset
 from scripts.rec_info import main as rec_info_main
 from scripts.rec_info import rec_info

@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
-from _launch import ROOT, _env, load_model, max_difference, torchrun_command, train
-from _reliability import CONFIG, REFERENCE
+from tests.helpers import (CONFIG, REFERENCE, ROOT, load_model, max_difference, subprocess_env, torchrun_command,
+                           train)
 from utils.checkpoint import MANIFEST, find_latest, is_complete, step_dir
 
 # Runs train.main() in a process whose os.replace SIGKILLs the process instead of renaming
@@ -33,7 +33,7 @@ def test_kill_between_write_and_rename_keeps_previous_checkpoint_and_resume_uses
     script = tmp_path / "crash_at_rename.py"
     script.write_text(CRASH_AT_RENAME.format(root=str(ROOT)))
     cmd = [*torchrun_command(2), str(script), CONFIG, "--set", f"output={output}", *REFERENCE]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(cmd, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=180)
     assert proc.returncode != 0, proc.stdout[-3000:]
     assert "Signals.SIGKILL" in proc.stdout + proc.stderr or "-9" in proc.stdout + proc.stderr, proc.stderr[-3000:]
 

@@ -15,8 +15,7 @@ import pytest
 import torch
 from torchvision.io import encode_jpeg
 
-from _launch import ROOT, _env, train
-from _reliability import CONFIG, REFERENCE
+from tests.helpers import CONFIG, REFERENCE, ROOT, subprocess_env, train
 from eval.verification import save_bin
 from utils.checkpoint import MANIFEST
 
@@ -38,7 +37,7 @@ def hostile_torch_file(path: Path, marker: Path, **plain) -> Path:
 
 def verify(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "eval.verify", "--targets", "lfw", "--device", "cpu", *args],
-                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=100)
+                          cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=100)
 
 
 def good_bin(folder: Path) -> Path:
@@ -69,7 +68,7 @@ def test_verify_refuses_hostile_weights(tmp_path):
     marker = tmp_path / "pwned"
     weights = hostile_torch_file(tmp_path / "model.pt", marker)
     proc = verify(*TINY, "--weights", str(weights), "--data-dir", str(good_bin(tmp_path / "data")))
-    assert proc.returncode == 2 and f"{weights}: not a loadable weights file" in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode == 2 and f"{weights}: refused" in proc.stderr, proc.stderr[-3000:]
     assert not marker.exists()
 
 
@@ -78,7 +77,7 @@ def test_trainer_refuses_hostile_init_backbone(tmp_path):
     marker = tmp_path / "pwned"
     weights = hostile_torch_file(tmp_path / "model.pt", marker)
     proc = train(CONFIG, tmp_path / "out", f"init_backbone={weights}", check=False, timeout=100)
-    assert proc.returncode != 0 and f"{weights}: not a loadable weights file" in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode != 0 and f"{weights}: refused" in proc.stderr, proc.stderr[-3000:]
     assert not marker.exists()
 
 

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from _dist import free_port
-from _launch import ROOT, _env, load_model, max_difference
-from _reliability import CONFIG
+from utils.distributed import free_port
+from tests.helpers import CONFIG, ROOT, load_model, max_difference, subprocess_env
 from utils.checkpoint import find_latest
 
 # Checkpoints every 10 steps (the reference saves every 5; both keys are outside the fingerprint): about
@@ -56,7 +55,7 @@ def test_sigkilled_worker_is_restarted_and_resumes_to_the_same_model(reference_r
     output = tmp_path / "killed"
     cmd = [*elastic_torchrun(2, max_restarts=1), "train.py", CONFIG, "--set", f"output={output}", *KILLED_RUN]
     log = open(tmp_path / "torchrun.log", "w+")
-    agent = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT, text=True)
+    agent = subprocess.Popen(cmd, cwd=ROOT, env=subprocess_env(), stdout=log, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 150
         while (first := find_latest(output)) is None:  # wait for the first complete checkpoint

@@ -7,13 +7,13 @@ import logging
 import pytest
 import torch
 
-from _launch import train
-from utils.checkpoint import find_latest, load_common, step_dir
+from tests.helpers import train
+from utils.checkpoint import TrainState, find_latest, load_common, step_dir
 
 
 def snapshot(job) -> dict[str, torch.Tensor]:
     """Every number a skipped step must leave alone, cloned."""
-    out = {f"model.{k}": v.detach().clone() for k, v in job.model.state_dict().items()}
+    out = {f"model.{k}": v.detach().clone() for k, v in job.backbone.state_dict().items()}
     out["head.weight"] = job.head.weight.detach().clone()
     for name, opt in (("opt_backbone", job.opt_backbone), ("opt_head", job.opt_head)):
         for i, (param, state) in enumerate(opt.state.items()):
@@ -29,7 +29,7 @@ def test_a_nan_step_is_skipped_without_touching_anything(tmp_path):
 
     cfg = load_config("configs/debug_cpu", [f"output={tmp_path}", "max_nonfinite_steps=3"])
     job = trainer.build(cfg, 0, 1, torch.device("cpu"), logging.getLogger("test"))
-    state = trainer.TrainState()
+    state = TrainState()
     job.loader.set_epoch(0)
     batches = iter(job.loader)
     images, labels = next(batches)  # (8, 3, 112, 112), (8,)

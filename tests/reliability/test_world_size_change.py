@@ -1,9 +1,9 @@
-"""Resume on another world size with the real trainer: 2 -> 3 and 3 -> 2 ranks. The gathered head (weights and
-optimizer state) equals the saved one and training continues to the end.
+"""Every test of resuming on another world size, with the real trainer.
 
-tests/test_train.py covers 2 -> 1 and 2 -> 3 for the head and a 2 -> 3 continuation from early in an epoch;
-here the 2 -> 3 continuation starts late in an epoch (past the 3-rank epoch's length) and the 3-rank run's
-checkpoints are resumed on 2 ranks.
+The gathered head (weights and optimizer state) equals the saved one after 2 -> 1, 2 -> 3 and 3 -> 2; training
+continues to the end from early and late in an epoch (2 -> 3, past the 3-rank epoch's length) and from a
+3-rank run's checkpoints on 2 ranks; an epoch-based schedule continues at the same fraction of training
+(2 -> 1, 1 -> 2, 3 -> 2) against uninterrupted runs on the new world size.
 """
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from _dist import run_distributed
-from _launch import copy_checkpoints_until, gathered_head_after_resume, logged_losses, logged_lrs, saved_head, train
-from _reliability import CONFIG, REFERENCE
+from utils.distributed import run_on_local_ranks
+from tests.helpers import (CONFIG, REFERENCE, copy_checkpoints_until, gathered_head_after_resume, logged_losses,
+                           logged_lrs, saved_head, train)
 from utils.checkpoint import find_latest, step_dir
 
 
@@ -25,6 +25,31 @@ def three_rank_run(reference_run, tmp_path_factory) -> Path:
     proc = train(CONFIG, output, *REFERENCE, nproc=3)
     assert "world size changed 2 -> 3" in proc.stdout, proc.stdout[-3000:]
     return output
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_two_rank_head_resumes_on_another_world_size(reference_run, tmp_path, world_size):
+    ckpt = step_dir(reference_run, 10)
+    step, weight, state = run_on_local_ranks(gathered_head_after_resume, world_size, CONFIG, REFERENCE, str(ckpt),
+                                             str(tmp_path))[0]
+    want_weight, want_state = saved_head(ckpt)
+    assert step == 10
+    assert torch.equal(weight, want_weight)
+    assert state.keys() == want_state.keys() and all(torch.equal(state[k], want_state[k]) for k in state)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_to_three_continues_from_early_in_an_epoch(reference_run, tmp_path):
+    output = copy_checkpoints_until(reference_run, tmp_path / "three", step=5)
+    proc = train(CONFIG, output, *REFERENCE, nproc=3)
+    assert "world size changed 2 -> 3" in proc.stdout, proc.stdout[-3000:]
+    losses = logged_losses(output)
+    assert min(losses) == 6 and max(losses) == 40 and all(float(v) == float(v) for v in losses.values())
+    assert sorted(p.name for p in step_dir(output, 40).glob("head_rank*.pt")) == [
+        "head_rank0.pt", "head_rank1.pt", "head_rank2.pt"]
 
 
 @pytest.mark.slow
@@ -42,7 +67,7 @@ def test_two_to_three_continues_from_late_in_an_epoch(three_rank_run):
 @pytest.mark.timeout(180)
 def test_three_to_two_gives_the_saved_head(three_rank_run, tmp_path):
     ckpt = step_dir(three_rank_run, 30)
-    step, weight, state = run_distributed(gathered_head_after_resume, 2, CONFIG, REFERENCE, str(ckpt), str(tmp_path),
+    step, weight, state = run_on_local_ranks(gathered_head_after_resume, 2, CONFIG, REFERENCE, str(ckpt), str(tmp_path),
                                               timeout=150)[0]
     want_weight, want_state = saved_head(ckpt)
     assert step == 30
@@ -81,18 +106,22 @@ def epoch_runs(tmp_path_factory) -> dict[int, Path]:
 def test_resume_position_keeps_the_fraction_of_training():
     """The issue's example: 10 of 20 epochs done on 8 ranks, resumed on 4: the same epoch position and LR,
     and 10 epochs left (the old arithmetic gave LR 0.056 instead of 0.025 and 15 epochs)."""
-    from train import resume_position
+    from utils.checkpoint import TrainState, resume_position
     from utils.lr_scheduler import lr_at
 
+    def position(step, epoch, in_epoch, saved, world, spe, max_steps=0):
+        s = resume_position(TrainState(step, epoch, in_epoch), saved, world, spe, max_steps)
+        return s.step, s.epoch, s.step_in_epoch
+
     spe8, spe4 = 1000, 2000  # steps per epoch of one dataset on 8 and 4 ranks
-    step, epoch, in_epoch = resume_position(10 * spe8, 10, 0, 8, 4, spe4, max_steps=0)
+    step, epoch, in_epoch = position(10 * spe8, 10, 0, 8, 4, spe4)
     assert (step, epoch, in_epoch) == (10 * spe4, 10, 0)
-    assert lr_at(step, 0.1, 0, 20 * spe4) == lr_at(10 * spe8, 0.1, 0, 20 * spe8)
-    assert resume_position(300, 0, 300, 8, 3, 2666, max_steps=0) == (800, 0, 800)  # mid-epoch, samples kept
-    assert resume_position(1999, 0, 999, 2, 1, 2000, max_steps=0) == (1998, 0, 1998)
-    assert resume_position(5, 0, 5, 3, 2, 7, max_steps=0) == (7, 1, 0)  # rounded past the end: next epoch
-    assert resume_position(70, 0, 70, 2, 4, 500, max_steps=100) == (70, 0, 35)  # step-based: the step stays
-    assert resume_position(70, 3, 20, 2, 2, 500, max_steps=0) == (70, 3, 20)  # same world: unchanged
+    assert lr_at(step, 0.1, 0, 20 * spe4, power=2) == lr_at(10 * spe8, 0.1, 0, 20 * spe8, power=2)
+    assert position(300, 0, 300, 8, 3, 2666) == (800, 0, 800)  # mid-epoch, samples kept
+    assert position(1999, 0, 999, 2, 1, 2000) == (1998, 0, 1998)
+    assert position(5, 0, 5, 3, 2, 7) == (7, 1, 0)  # rounded past the end: next epoch
+    assert position(70, 0, 70, 2, 4, 500, max_steps=100) == (70, 0, 35)  # step-based: the step stays
+    assert position(70, 3, 20, 2, 2, 500) == (70, 3, 20)  # same world: unchanged
 
 
 @pytest.mark.slow

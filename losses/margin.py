@@ -1,0 +1,196 @@
+"""Margin-based softmax losses on cosine logits: ArcFace, CosFace and their combination.
+
+The modules here turn cosines ``cos θ`` between normalised embeddings and normalised class centres
+into scaled logits for a softmax cross-entropy; they do not compute the cross-entropy themselves
+(``partial_fc.PartialFC`` does that across ranks). For each sample ``i`` with a target class ``y_i``
+in the given columns:
+
+    out[i, y_i] = s · (cos(m1·θ + m2) − m3),   θ = arccos(cos θ)       (target)
+    out[i, j]   = s · cos θ_ij                                          (every other column)
+
+``m1`` is the SphereFace-style multiplicative angular margin, ``m2`` ArcFace's additive angular
+margin (Deng et al., CVPR 2019) and ``m3`` CosFace's additive cosine margin (Wang et al., CVPR 2018).
+A label of ``-1`` means "this sample's class is not among these columns" (another rank's shard, or not
+sampled), and that row is only scaled.
+
+Forward values equal insightface ``arcface_torch``'s ``CombinedMarginLoss`` for ArcFace
+``(1, m2, 0)`` and CosFace ``(1, 0, m3)``: plain ``cos(θ + m2)`` with no "easy margin" or
+``θ + m > π`` fallback. Differences, on purpose: every ``(m1, m2, m3)`` combination is computed
+(the reference raises for ``m1 != 1`` and silently drops ``m2`` when ``m3 > 0``), cosines are
+clamped to ``[-1, 1]`` before ``arccos`` (the reference returns NaN for ``1 + ulp``), and the input is
+never modified in place.
+
+Gradient modes (``gradient=``):
+
+* ``"straight_through"`` (default, the reference's behaviour): the margin is treated as a constant
+  offset in the backward pass, so ``∂out/∂cos = s`` on the target as everywhere else. The reference
+  gets this by editing the logits under ``torch.no_grad()``.
+* ``"exact"``: the true derivative ``∂out/∂cos = s · m1 · sin(m1·θ + m2) / sin θ`` on the target.
+  It diverges like ``m1·sin(m2)/θ`` as ``θ → 0`` (and as ``θ → π``) when ``m2 > 0``, so it is
+  evaluated at ``cos θ`` clamped to ``[-1 + δ, 1 − δ]`` with ``δ = 8·eps(dtype)``: the derivative is
+  exact inside that range and saturates (stays finite) outside it. Past ``m1·θ + m2 > π`` the target
+  logit is no longer monotonic in θ and the exact derivative changes sign; no fallback is applied.
+  For CosFace (``m1 = 1, m2 = 0``) both modes give the same gradient.
+
+Inter-class filtering (``interclass_filtering_threshold = t > 0``, from the reference): every cosine
+above ``t`` that is not the sample's own target is set to 0 before scaling (for samples whose target
+is elsewhere, all their cosines above ``t`` here), and receives no gradient.
+"""
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["ArcFace", "CombinedMarginLoss", "CosFace", "GradientMode"]
+
+GradientMode = Literal["straight_through", "exact"]
+_GRADIENT_MODES = ("straight_through", "exact")
+
+
+def _target_margin(x: Tensor, m1: float, m2: float, m3: float) -> Tensor:
+    """``cos(m1·arccos(x) + m2) − m3`` for cosines ``x`` (any shape), computed in fp32 or better."""
+    if m1 == 1.0 and m2 == 0.0:
+        return x - m3  # CosFace: no arccos/cos round trip, so values equal the reference's bit for bit
+    theta = torch.acos(x.clamp(-1.0, 1.0))
+    return torch.cos(theta * m1 + m2) - m3
+
+
+def _exact_factor(x: Tensor, m1: float, m2: float) -> Tensor:
+    """``d/dx cos(m1·arccos(x) + m2) = m1·sin(m1θ + m2)/sin θ``, saturated near ``x = ±1``."""
+    delta = 8.0 * torch.finfo(x.dtype).eps
+    theta = torch.acos(x.clamp(-1.0 + delta, 1.0 - delta))
+    # sin(theta) from the same theta, so that m1 = 1, m2 = 0 gives exactly 1.
+    return m1 * torch.sin(theta * m1 + m2) / torch.sin(theta)
+
+
+class _MarginFunction(torch.autograd.Function):
+    """Scaled logits with the target margin; one pass over (B, C) forward and backward.
+
+    Forward: ``out = s·cos`` except ``out[i, y_i] = s·(cos(m1θ + m2) − m3)`` and filtered entries 0.
+    Backward: ``∂out/∂cos = s`` (0 where filtered); on targets ``s·factor`` in exact mode.
+    Target entries are read and written with gather/scatter over every row (a row whose target is -1
+    reads column 0 and writes back what is there), so nothing depends on how many rows have a target
+    here: no host synchronisation and a fixed number of operations on any device.
+    """
+
+    @staticmethod
+    def forward(ctx, cos: Tensor, labels: Tensor, s: float, m1: float, m2: float, m3: float,
+                threshold: float, exact: bool) -> Tensor:
+        has = (labels != -1)[:, None]  # (B, 1)
+        col = labels.clamp_min(0)[:, None]  # (B, 1)
+        work_dtype = torch.promote_types(cos.dtype, torch.float32)
+        x_t = cos.gather(1, col).to(work_dtype)  # (B, 1)
+        if threshold > 0:
+            keep = cos <= threshold  # (B, C) bool
+            keep.scatter_(1, col, keep.gather(1, col) | has)
+            out = cos.masked_fill(~keep, 0.0).mul_(s)  # (B, C)
+        else:
+            keep = None
+            out = cos * s  # (B, C)
+        target = (_target_margin(x_t, m1, m2, m3) * s).to(out.dtype)  # (B, 1)
+        out.scatter_(1, col, torch.where(has, target, out.gather(1, col)))
+        ctx.s = s
+        ctx.exact = exact and not (m1 == 1.0 and m2 == 0.0)
+        ctx.m1, ctx.m2 = m1, m2
+        ctx.save_for_backward(has, col, x_t, keep)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        has, col, x_t, keep = ctx.saved_tensors
+        grad = grad_out * ctx.s  # (B, C)
+        if keep is not None:
+            grad.masked_fill_(~keep, 0.0)
+        if ctx.exact:
+            factor = torch.where(has, _exact_factor(x_t, ctx.m1, ctx.m2), 1.0)  # (B, 1)
+            grad.scatter_(1, col, (grad.gather(1, col).to(factor.dtype) * factor).to(grad.dtype))
+        return grad, None, None, None, None, None, None, None
+
+
+class CombinedMarginLoss(nn.Module):
+    """Scaled cosine logits with margins ``s·(cos(m1·θ + m2) − m3)`` on each sample's target.
+
+    Args:
+        s: scale, > 0.
+        m1: multiplicative angular margin, >= 1 (1 disables it).
+        m2: additive angular margin in [0, π/2) (0 disables it).
+        m3: additive cosine margin, >= 0 (0 disables it).
+        interclass_filtering_threshold: 0 disables; in (0, 1] zeroes every non-target cosine above it.
+        gradient: ``"straight_through"`` (the reference's: ∂out/∂cos = s on the target) or ``"exact"``
+            (the true derivative, saturated near θ = 0 and θ = π); see the module docstring.
+
+    ``forward(cosines (B, C), labels (B,) or (B, 1) int64)`` returns ``(B, C)`` scaled logits; labels
+    are column indices into ``cosines`` or ``-1`` for "target not among these columns".
+    Raises ``ValueError`` for a bad margin, mode or label.
+    """
+
+    def __init__(self, s: float, m1: float, m2: float, m3: float, interclass_filtering_threshold: float = 0.0,
+                 gradient: GradientMode = "straight_through") -> None:
+        super().__init__()
+        checks = (
+            ("s", s, math.isfinite(s) and s > 0, "a finite value > 0"),
+            ("m1", m1, math.isfinite(m1) and m1 >= 1.0, "a finite value >= 1 (1 = no multiplicative margin)"),
+            ("m2", m2, 0.0 <= m2 < math.pi / 2, "a value in [0, pi/2)"),
+            ("m3", m3, math.isfinite(m3) and m3 >= 0.0, "a finite value >= 0"),
+            ("interclass_filtering_threshold", interclass_filtering_threshold,
+             0.0 <= interclass_filtering_threshold <= 1.0, "0 (off) or a cosine in (0, 1]"),
+        )
+        for name, value, ok, allowed in checks:
+            if not ok:
+                raise ValueError(f"CombinedMarginLoss: {name}={value!r} is not allowed; expected {allowed}")
+        if gradient not in _GRADIENT_MODES:
+            raise ValueError(f"CombinedMarginLoss: gradient={gradient!r} is unknown; expected one of {_GRADIENT_MODES}")
+        self.s = float(s)
+        self.m1 = float(m1)
+        self.m2 = float(m2)
+        self.m3 = float(m3)
+        self.interclass_filtering_threshold = float(interclass_filtering_threshold)
+        self.gradient: GradientMode = gradient
+
+    def extra_repr(self) -> str:
+        return (f"s={self.s}, m1={self.m1}, m2={self.m2}, m3={self.m3}, "
+                f"interclass_filtering_threshold={self.interclass_filtering_threshold}, gradient={self.gradient!r}")
+
+    def forward(self, logits: Tensor, labels: Tensor) -> Tensor:
+        """Scaled logits ``(B, C)`` from cosines ``logits (B, C)`` and ``labels (B,)``/``(B, 1)`` (-1 = absent).
+
+        Checks shapes, dtype and the label range (reading the labels on the host), then ``apply_margin``.
+        """
+        if logits.dim() != 2:
+            raise ValueError(f"CombinedMarginLoss: cosines must be (B, C), got shape {tuple(logits.shape)}")
+        labels = labels.reshape(-1)
+        if labels.numel() != logits.shape[0] or labels.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"CombinedMarginLoss: labels must be {logits.shape[0]} int64 values for cosines of "
+                             f"shape {tuple(logits.shape)}, got shape {tuple(labels.shape)} dtype {labels.dtype}")
+        labels = labels.long()
+        bad = (labels < -1) | (labels >= logits.shape[1])  # (B,)
+        if bool(bad.any()):
+            raise ValueError(f"CombinedMarginLoss: label {int(labels[bad][0])} is outside [-1, {logits.shape[1]}) "
+                             f"(-1 = target not in these {logits.shape[1]} columns)")
+        return self.apply_margin(logits, labels)
+
+    def apply_margin(self, logits: Tensor, labels: Tensor) -> Tensor:
+        """``forward`` without the checks, for callers that built ``labels (B,) int64`` in range themselves.
+
+        ``partial_fc.PartialFC`` calls this: it has validated every rank's labels already, and the range
+        check would cost a host-device synchronisation per step on an accelerator.
+        """
+        return _MarginFunction.apply(logits, labels, self.s, self.m1, self.m2, self.m3,
+                                     self.interclass_filtering_threshold, self.gradient == "exact")
+
+
+class ArcFace(CombinedMarginLoss):
+    """ArcFace: ``s·cos(θ + margin)`` on the target (``CombinedMarginLoss(s, 1, margin, 0)``)."""
+
+    def __init__(self, s: float = 64.0, margin: float = 0.5, gradient: GradientMode = "straight_through") -> None:
+        super().__init__(s, 1.0, margin, 0.0, gradient=gradient)
+
+
+class CosFace(CombinedMarginLoss):
+    """CosFace: ``s·(cos θ − m)`` on the target (``CombinedMarginLoss(s, 1, 0, m)``)."""
+
+    def __init__(self, s: float = 64.0, m: float = 0.4, gradient: GradientMode = "straight_through") -> None:
+        super().__init__(s, 1.0, 0.0, m, gradient=gradient)

@@ -1,0 +1,168 @@
+"""Everything the tests share: paths, ranks in processes, trainer runs, a tiny in-process Job, references.
+
+Imported as ``from tests.helpers import ...`` (pytest.ini puts the repository root on ``sys.path``).
+Every launch gets a free port (picked by the OS) and a timeout, so a hung rendezvous or collective fails the
+test instead of hanging the suite.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from utils.distributed import all_gather_cat, all_gather_sizes, free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"  # MXNet-written fixtures and the recipe table, beside the checkout
+FIXTURES = SHARED / "fixtures"
+# The reliability tests' trainer run: save_every_steps and keep_checkpoints are outside the config fingerprint,
+# so runs that differ only in them train the same model and may resume each other's checkpoints.
+CONFIG = "configs/debug_cpu"
+REFERENCE = ("save_every_steps=5", "keep_checkpoints=20", "frequent=1")
+LOSS_LINE = re.compile(r"step (\d+)/\d+ epoch \d+ \| loss (\S+)")
+LR_LINE = re.compile(r"step (\d+)/(\d+) epoch \d+ \| loss \S+ \| lr (\S+)")
+
+
+def gather(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """Every rank's ``tensor`` (first dimensions may differ), in rank order; ``[tensor]`` without a group."""
+    sizes = [n for n, in all_gather_sizes([tensor.shape[0]], tensor.device)]
+    return list(torch.split(all_gather_cat(tensor, sizes=sizes), sizes))
+
+
+def subprocess_env() -> dict[str, str]:
+    """The environment for a trainer subprocess: one thread per rank, unbuffered output."""
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    return env
+
+
+def torchrun_command(nproc: int, *, port: int | None = None, nnodes: int = 1, node_rank: int = 0,
+                     max_restarts: int = 0) -> list[str]:
+    """The torchrun command line (static rendezvous on 127.0.0.1:port) up to, not including, train.py."""
+    return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--node_rank={node_rank}",
+            f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1", f"--master_port={port or free_port()}",
+            f"--max-restarts={max_restarts}", "--monitor-interval=0.5"]
+
+
+def train(config: str, output: Path, *sets: str, nproc: int = 1, timeout: float = 240,
+          check: bool = True) -> subprocess.CompletedProcess:
+    """Run train.py on ``nproc`` ranks (plain python when 1) with ``output=...`` and ``--set`` pairs."""
+    args = ["train.py", config, "--set", f"output={output}", *sets]
+    cmd = [sys.executable, *args] if nproc == 1 else [*torchrun_command(nproc), *args]
+    proc = subprocess.run(cmd, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n"
+                             f"--- stderr\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def logged_losses(output: Path) -> dict[int, str]:
+    """{step: loss as logged} from output/training.log (one entry per logged step; the last run wins)."""
+    losses: dict[int, str] = {}
+    for line in (output / "training.log").read_text().splitlines():
+        m = LOSS_LINE.search(line)
+        if m:
+            losses[int(m.group(1))] = m.group(2)
+    return losses
+
+
+def logged_lrs(output: Path) -> dict[int, tuple[int, str]]:
+    """{step: (total steps, LR as logged)} from output/training.log (the last run wins)."""
+    lrs: dict[int, tuple[int, str]] = {}
+    for line in (output / "training.log").read_text().splitlines():
+        m = LR_LINE.search(line)
+        if m:
+            lrs[int(m.group(1))] = (int(m.group(2)), m.group(3))
+    return lrs
+
+
+def load_model(output: Path) -> dict[str, torch.Tensor]:
+    return torch.load(output / "model.pt", map_location="cpu", weights_only=True)
+
+
+def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys(), f"different keys: {sorted(set(a) ^ set(b))}"
+    return max(float((a[k].double() - b[k].double()).abs().max()) if a[k].numel() else 0.0 for k in a)
+
+
+def copy_checkpoints_until(src: Path, dst: Path, step: int) -> Path:
+    """``dst`` holding ``src``'s checkpoints up to ``step``: a run that stopped right after that step."""
+    shutil.copytree(src / "checkpoints", dst / "checkpoints",
+                    ignore=lambda _, names: [n for n in names if n.startswith("step_") and int(n[5:14]) > step])
+    return dst
+
+
+def saved_head(ckpt: Path) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Weight (C, D) and optimizer state (C, ...) of a checkpoint, its shards joined in class order."""
+    from utils.files import load_tensors
+
+    shards = sorted((load_tensors(p) for p in ckpt.glob("head_rank*.pt")), key=lambda s: s["class_start"])
+    return (torch.cat([s["weight"] for s in shards]),
+            {k: torch.cat([s["state"][k] for s in shards]) for k in shards[0]["state"]})
+
+
+def gathered_head_after_resume(rank: int, world_size: int, config: str, sets: tuple[str, ...], ckpt: str,
+                               output: str):
+    """On each of ``world_size`` ranks (``tests/_dist.run_distributed``): build the trainer, resume from
+    ``ckpt``, and return ``(step, weight (C, D), optimizer state (C, ...))`` gathered on rank 0."""
+    import logging
+
+    import train as trainer
+    from utils.checkpoint import restore_training_state
+    from utils.config import load_config
+
+    cfg = load_config(config, [*sets, f"output={output}"])
+    job = trainer.build(cfg, rank, world_size, torch.device("cpu"), logging.getLogger("test"))
+    state, _ = restore_training_state(job, Path(ckpt), job.derived.steps_per_epoch)
+    weight = torch.cat(gather(job.head.weight.detach()))  # (C, D)
+    head_state = job.opt_head.state[job.head.weight]
+    gathered = {k: torch.cat(gather(v)) for k, v in sorted(head_state.items())}
+    return (state.step, weight, gathered) if rank == 0 else None
+
+
+def tiny_job(rank: int, world_size: int, cfg_overrides: list[str], model: nn.Module, head, *, lr: float = 0.1,
+             fp16_scaler: bool = False, init_scale: float = 2.0 ** 16, autocast_dtype: torch.dtype | None = None):
+    """A trainer ``Job`` around ``model`` and ``head`` (SGD with momentum on both, as the trainer builds them)
+    without data: for driving ``train.optimizer_step`` in process."""
+    import train as trainer
+    from optimizers import build_optimizers
+    from utils.config import derive, load_config
+    from utils.distributed import wrap_ddp
+    from utils.precision import LossScaler
+
+    cfg = load_config(CONFIG, cfg_overrides)
+    wrapped = wrap_ddp(model, torch.device("cpu")) if world_size > 1 else model
+    opt_backbone, opt_head = build_optimizers("sgd", model.parameters(), head, lr, 0.9, 5e-4)
+    return trainer.Job(cfg=cfg, derived=derive(cfg, world_size), rank=rank, world_size=world_size,
+                       device=torch.device("cpu"), backbone=model, wrapped_backbone=wrapped, head=head,
+                       opt_backbone=opt_backbone, opt_head=opt_head,
+                       scaler=LossScaler(enabled=fp16_scaler, init_scale=init_scale), autocast_dtype=autocast_dtype,
+                       loader=None, logger=logging.getLogger("test"))
+
+
+def reference_polynomial_warmup(base_lr: float, warmup: int, total: int, power: float, steps: int) -> list[float]:
+    """The learning rate of each of the first ``steps`` updates under arcface_torch's current PolynomialLRWarmup.
+
+    Written out independently from its behaviour: a torch scheduler's constructor takes step 0, which returns
+    the optimizer's initial lr (the peak); every later step ``l`` returns ``base * l / w`` while ``l <= w`` and
+    otherwise multiplies the previous lr by ``((1 - (l - w)/(t - w)) / (1 - (l - 1 - w)/(t - w))) ** power``; past
+    ``t`` it keeps the last value. Update ``k`` (0-based) uses the value of step ``k``. ``warmup`` may be
+    negative (a recipe's ``warmup_epoch = -1``).
+    """
+    lrs, lr = [], base_lr
+    for step in range(steps):
+        if 0 < step <= total:  # step 0 and steps past the end keep the previous value
+            if step <= warmup:
+                lr = base_lr * step / warmup
+            else:
+                ratio = (1.0 - (step - warmup) / (total - warmup)) / (1.0 - (step - 1 - warmup) / (total - warmup))
+                lr *= ratio ** power
+        lrs.append(lr)
+    return lrs

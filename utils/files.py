@@ -1,0 +1,106 @@
+"""Files: the one atomic write and the one safe ``torch.load`` of the project.
+
+``atomic_write`` writes through ``<name>.tmp``, fsyncs, renames and fsyncs the folder: a reader sees the old
+file or the new one, never half of one, and a failed write leaves neither a partial file nor its ``.tmp``.
+``load_tensors`` reads with ``torch.load(weights_only=True)``: a file holding anything but tensors,
+numbers, strings, lists and dicts is refused instead of run. ``load_state_dict`` / ``load_weights`` read
+backbone weights (ours or the official insightface files) with one clear error on a mismatch.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+from torch import nn
+
+__all__ = ["atomic_write", "fsync_dir", "load_state_dict", "load_tensors", "load_weights", "save_atomic"]
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Make a rename or file creation inside ``path`` durable (the directory entry itself is flushed)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> None:
+    """``write(f)`` into ``<path>.tmp`` (binary), fsync, rename to ``path``, fsync the folder.
+
+    On any failure ``path`` keeps its old content and no ``.tmp`` is left; the error propagates.
+    """
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    written = False
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        written = True
+    finally:
+        if not written:
+            tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent)
+
+
+def save_atomic(obj: Any, path: str | os.PathLike) -> None:
+    """``torch.save(obj)`` to ``path`` atomically (``atomic_write``); creates the parent folder."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda f: torch.save(obj, f))
+
+
+def load_tensors(path: str | os.PathLike, mmap: bool = False) -> Any:
+    """``torch.load(path, weights_only=True)`` on the CPU; refuses files holding anything but plain data.
+
+    Raises ``ValueError`` naming the file when it is missing, holds objects that loading could run code
+    from (a pickle that imports or calls), or cannot be read.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as exc:
+        raise ValueError(f"{path}: refused: the file holds objects other than tensors, numbers, strings, lists "
+                         f"and dicts, and loading it could run code ({str(exc).splitlines()[0]})") from None
+    except (RuntimeError, EOFError, OSError) as exc:
+        raise ValueError(f"{path}: cannot be read as a torch file ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+
+
+def load_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The state_dict in ``path``; a checkpoint dict holding it under "backbone" is accepted too, and a DDP
+    ``module.`` prefix is removed."""
+    state = load_tensors(path)
+    if isinstance(state, dict) and "backbone" in state and isinstance(state["backbone"], dict):
+        state = state["backbone"]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{path}: expected a state_dict (a dict of tensors), got {type(state).__name__}")
+    if state and all(k.startswith("module.") for k in state):
+        state = {k[len("module."):]: v for k, v in state.items()}
+    return state
+
+
+def load_weights(model: nn.Module, path: str | os.PathLike, network: str = "") -> nn.Module:
+    """Load ``path`` into ``model`` with ``strict=True``; a mismatch raises one ``ValueError`` line."""
+    state = load_state_dict(path)
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    wrong = [f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}" for k, v in expected.items()
+             if k in state and state[k].shape != v.shape]
+    if missing or unexpected or wrong:
+        parts = []
+        for label, items in (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatch", wrong)):
+            if items:
+                parts.append(f"{len(items)} {label} (e.g. {', '.join(items[:3])})")
+        raise ValueError(f"{path} does not match network {network or type(model).__name__}: " + "; ".join(parts))
+    model.load_state_dict(state, strict=True)
+    return model
