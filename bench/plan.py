@@ -37,7 +37,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import markdown_table, write_json  # noqa: E402
-from partial_fc import ROW_CHUNK, class_partition, sample_size  # noqa: E402
+from optimizers import ROW_CHUNK  # noqa: E402
+from partial_fc import class_partition, sample_size  # noqa: E402
 
 FP32, BF16, INT64 = 4, 2, 8
 
