@@ -239,3 +239,13 @@ def test_tf32_key_sets_both_torch_switches_on_cuda_only():
         assert torch.backends.cuda.matmul.allow_tf32
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def test_model_json_describes_model_pt(two_rank_run):
+    import json
+
+    card = json.loads((two_rank_run / "model.json").read_text())
+    assert card == {"format": 1, "network": "tiny", "network_kwargs": {"widths": [8, 16, 16, 32]}, "embedding_size": 32,
+                    "input_size": [112, 112], "normalisation": "RGB, (x - 127.5) / 127.5",
+                    "fingerprint": card["fingerprint"], "step": 16}
+    assert len(card["fingerprint"]) == 16

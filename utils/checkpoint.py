@@ -447,15 +447,29 @@ class Trainer(Protocol):
     fingerprint: str
 
 
+MODEL_CARD = "model.json"
+NORMALISATION = "RGB, (x - 127.5) / 127.5"  # what every reader of the project feeds a backbone
+
+
+def model_card(cfg: Mapping[str, Any], fingerprint: str, step: int) -> dict[str, Any]:
+    """What ``model.json`` says about ``model.pt``: everything a tool needs to rebuild and feed the network."""
+    return {"format": 1, "network": cfg["network"], "network_kwargs": dict(cfg["network_kwargs"]),
+            "embedding_size": cfg["embedding_size"], "input_size": [112, 112], "normalisation": NORMALISATION,
+            "fingerprint": fingerprint, "step": int(step)}
+
+
 def save_run(job: Trainer, state: TrainState, logger: logging.Logger) -> None:
-    """What the trainer saves (every rank calls it): with ``save_all_states`` a step checkpoint, then
-    ``model.pt`` (rank 0, the plain backbone's state_dict in the official layout); each written atomically."""
+    """What the trainer saves (every rank calls it): with ``save_all_states`` a step checkpoint, then, on rank 0,
+    ``model.pt`` (the plain backbone's state_dict in the official layout, loadable by arcface_torch) and
+    ``model.json`` beside it (``model_card``); each written atomically."""
     if job.cfg.save_all_states:
         path = save_training_state(job, state)
         logger.info("checkpoint %s (step %d; next: epoch %d, step %d in epoch)", path, state.step, state.epoch,
                     state.step_in_epoch)
     if job.rank == 0:
         save_atomic(job.backbone.state_dict(), job.output / "model.pt")
+        card = json.dumps(model_card(job.cfg, job.fingerprint, state.step), indent=1).encode()
+        atomic_write(job.output / MODEL_CARD, lambda f: f.write(card))
 
 
 def resume(job: Trainer, steps_per_epoch: int, logger: logging.Logger) -> TrainState:
