@@ -42,13 +42,13 @@ from optimizers import build_optimizers
 from partial_fc import PartialFC
 from utils import checkpoint
 from utils.checkpoint import TrainState
-from utils.config import Config, Derived, check_paths, check_world, derive, fingerprint, load_config
+from utils.config import Config, Derived, check_paths, check_world, data_identity, derive, fingerprint, load_config
 from utils.cpu_memory import keep_freed_memory
 from utils.distributed import get_rank, get_world_size, init_process_group, pick_device, wrap_ddp
 from utils.files import load_weights
-from utils.logging_setup import ProgressLog, setup_logging
+from utils.logging_setup import ProgressLog, one_line, setup_logging
 from utils.lr_scheduler import apply_lr, lr_at
-from utils.precision import LossScaler, autocast, configure_tf32, nonfinite_parts
+from utils.precision import LossScaler, NonFiniteLossError, autocast, configure_tf32, nonfinite_parts
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -83,7 +83,8 @@ class Job:
     writer: "SummaryWriter | None" = None  # noqa: F821 (tensorboard is imported lazily, on rank 0)
     callback: CallbackVerification | None = None
     output: Path = Path(".")
-    fingerprint: str = ""
+    fingerprint: str = ""  # of the config and the data's identity: what a checkpoint must match to auto-resume
+    data_identity: str = "synthetic"
 
 
 def build_backbone(cfg: Config, device: torch.device) -> nn.Module:
@@ -95,7 +96,32 @@ def build_backbone(cfg: Config, device: torch.device) -> nn.Module:
     return model.to(memory_format=torch.channels_last) if cfg.channels_last else model
 
 
+def build_data(cfg: Config, rank: int, world_size: int, device: torch.device,
+               logger: logging.Logger) -> tuple[FaceDataLoader | DaliLoader, Config]:
+    """The loader, and the config with `num_classes`/`num_image` filled in from the dataset when left None."""
+    if cfg.dali:
+        if cfg.num_classes is None:
+            raise ValueError("dali = True needs num_classes: the DALI reader does not count classes")
+        loader = get_dali_dataloader(cfg.rec, cfg.batch_size, rank=rank, world_size=world_size, seed=cfg.seed,
+                                     device=device)
+        num_images, num_classes = loader.num_images, cfg.num_classes
+    else:
+        data = build_dataset(cfg.rec, num_classes=cfg.num_classes, seed=cfg.seed, num_images=cfg.num_image)
+        loader = get_dataloader(data, cfg.batch_size, rank=rank, world_size=world_size, seed=cfg.seed,
+                                num_workers=cfg.num_workers, device=device)
+        num_images, num_classes = len(data), data.num_classes
+    if cfg.num_image is not None and num_images != cfg.num_image:
+        raise ValueError(f"num_image = {cfg.num_image} in the config, but the dataset {cfg.rec!r} holds {num_images} "
+                         f"images; set num_image = {num_images} or None (it sets the steps per epoch and the LR)")
+    if cfg.num_classes is None or cfg.num_image is None:
+        logger.info("from the dataset %s: num_classes = %d, num_image = %d", cfg.rec, num_classes, num_images)
+        cfg = cfg.updated(num_classes=num_classes, num_image=num_images)
+    return loader, cfg
+
+
 def build(cfg: Config, rank: int, world_size: int, device: torch.device, logger: logging.Logger) -> Job:
+    loader, cfg = build_data(cfg, rank, world_size, device, logger)
+    check_world(cfg, world_size)
     torch.manual_seed(cfg.seed)  # every rank builds the same backbone; DDP also broadcasts rank 0's weights
     backbone = build_backbone(cfg, device)
     wrapped: nn.Module = backbone
@@ -112,21 +138,7 @@ def build(cfg: Config, rank: int, world_size: int, device: torch.device, logger:
     opt_backbone, opt_head = build_optimizers(cfg.optimizer, backbone.parameters(), head, cfg.lr, cfg.momentum,
                                               cfg.weight_decay)
     configure_tf32(device, cfg.tf32)
-
-    if cfg.dali:
-        loader = get_dali_dataloader(cfg.rec, cfg.batch_size, rank=rank, world_size=world_size, seed=cfg.seed,
-                                     device=device)
-        num_images = loader.num_images
-    else:
-        data = build_dataset(cfg.rec, num_classes=cfg.num_classes, seed=cfg.seed, num_images=cfg.num_image)
-        loader = get_dataloader(data, cfg.batch_size, rank=rank, world_size=world_size, seed=cfg.seed,
-                                num_workers=cfg.num_workers, device=device)
-        num_images = len(data)
-    if num_images != cfg.num_image:
-        raise ValueError(f"num_image = {cfg.num_image} in the config, but the dataset {cfg.rec!r} holds {num_images} "
-                         f"images; set num_image = {num_images} (it sets the steps per epoch and the LR schedule)")
-
-    output = Path(cfg.output)
+    output, data = Path(cfg.output), data_identity(cfg.rec)
     writer = None
     if rank == 0:
         from torch.utils.tensorboard import SummaryWriter
@@ -141,24 +153,16 @@ def build(cfg: Config, rank: int, world_size: int, device: torch.device, logger:
                scaler=LossScaler(enabled=cfg.fp16),
                autocast_dtype=torch.float16 if cfg.fp16 else torch.bfloat16 if cfg.bf16 else None,
                loader=loader, logger=logger, writer=writer, callback=callback, output=output,
-               fingerprint=fingerprint(cfg))
+               fingerprint=fingerprint(cfg, data), data_identity=data)
 
 
 # ------------------------------ One optimizer step ---------------------------------------------------------
-class NonFiniteLossError(RuntimeError):
-    """Raised after `max_nonfinite_steps` optimizer steps in a row were skipped for non-finite values."""
-
-
 def optimizer_step(job: Job, state: TrainState,
                    micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor | None:
-    """Forward/backward over `gradient_acc` micro-batches, then one update of backbone and head, or none.
-
-    The loss of each micro-batch is divided by their number; DDP synchronises only on the last one
-    (`no_sync`). If the loss or any gradient (backbone's or head's, on any rank) is not finite, both
-    optimizers skip the step: gradients are dropped, weights, optimizer state and batch-norm running
-    statistics stay as they were, and the fp16 loss scale backs off once. Returns the mean loss as a
-    device tensor (not read here: logging reads it every `frequent` steps), or None when skipped.
-    """
+    """Forward/backward over `gradient_acc` micro-batches (DDP synchronises on the last), then one update of
+    backbone and head, or, if the loss or any gradient on any rank is not finite, none: weights, optimizer
+    state and batch-norm statistics stay, the fp16 loss scale backs off once. Returns the mean loss (a device
+    tensor, read by logging every `frequent` steps), or None when skipped."""
     cfg, d = job.cfg, job.derived
     apply_lr([job.opt_backbone, job.opt_head],
              lr_at(state.step, cfg.lr, d.warmup_steps, d.total_steps, power=cfg.lr_power))
@@ -208,11 +212,7 @@ def optimizer_step(job: Job, state: TrainState,
     job.opt_backbone.zero_grad(set_to_none=True)
     job.opt_head.zero_grad(set_to_none=True)
     if state.nonfinite_in_row >= cfg.max_nonfinite_steps:
-        raise NonFiniteLossError(
-            f"the loss or the gradients were not finite for {state.nonfinite_in_row} optimizer steps in a row (up "
-            f"to step {state.step}); stopping. Weights were not updated on those steps and the newest complete "
-            f"checkpoint in {job.output / 'checkpoints'} is intact. Lower `lr`, check the data, or use fp16/bf16 "
-            f"with care")
+        raise NonFiniteLossError(state.nonfinite_in_row, state.step, job.output / "checkpoints")
     return None if bad else loss
 
 
@@ -276,18 +276,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             check_world(cfg, world_size)
             check_paths(cfg)
-        except ValueError as exc:
-            logger.error("%s", exc)
-            return 2
-        logger.info("config %s (%d ranks, backend %s, device %s):\n%s", args.config, world_size,
-                    dist.get_backend() if dist.is_initialized() else "none", device, cfg)
-        job = build(cfg, rank, world_size, device, logger)
-        state = checkpoint.resume(job, job.derived.steps_per_epoch, logger)
-        try:
-            train(job, state)
+            logger.info("config %s (%d ranks, backend %s, device %s):\n%s", args.config, world_size,
+                        dist.get_backend() if dist.is_initialized() else "none", device, cfg)
+            job = build(cfg, rank, world_size, device, logger)
+            train(job, checkpoint.resume(job, job.derived.steps_per_epoch, logger))
         except NonFiniteLossError as exc:
             logger.error("%s", exc)
             return 3
+        except ValueError as exc:  # a mistake in the config, the data or the folder: one line, once, exit 2
+            if rank == 0:  # every rank meets it (they read the same config, data and folder); rank 0 says it
+                logger.error("%s", one_line(exc))
+            return 2
         if job.writer is not None:
             job.writer.close()
     finally:

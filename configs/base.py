@@ -87,10 +87,12 @@ config.max_nonfinite_steps = 10
 # Training data: a folder holding train.rec/train.idx (insightface RecordIO), a folder of identity folders,
 # or "synthetic" (random images, for speed tests and CI).
 config.rec = "synthetic"
-# Number of identities (classes) in the training set; >= 1 and >= world size.
-config.num_classes = 1000
+# Number of identities (classes) in the training set; >= 1 and >= world size. None = what the dataset says
+# (its property file or header record, the identity folders), filled in and logged by the trainer.
+config.num_classes = None
 # Number of training images; it sets the steps per epoch (num_image // (batch_size * world * gradient_acc)).
-config.num_image = 100000
+# None = what the dataset holds (its index, the image files), filled in and logged by the trainer.
+config.num_image = None
 # Epochs to train; >= 1 unless max_steps > 0.
 config.num_epoch = 20
 # Epochs of linear learning-rate warm-up from 0 (0 = none); >= 0.
@@ -132,6 +134,10 @@ config.auto_resume = True
 config.save_all_states = True
 # Also checkpoint every this many optimizer steps; 0 = only at epoch end; >= 0.
 config.save_every_steps = 0
+# A folder belongs to one run. True: a run that will not continue the checkpoints already in `output` (another
+# config's, auto_resume = False, or ones newer than resume = PATH) moves them, with model.pt and model.json,
+# to output/archive_<time>/ and starts; False: such a run refuses to start (it would delete or shadow them).
+config.archive_checkpoints = False
 # Complete checkpoints kept under output/checkpoints (older ones are deleted); >= 1.
 config.keep_checkpoints = 2
 

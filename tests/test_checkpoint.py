@@ -300,9 +300,20 @@ def test_state_of_a_checkpoint_written_before_the_state_entry():
     assert train_state_of(old) == TrainState(step=30, epoch=1, step_in_epoch=14, skipped_steps=2)
 
 
-def test_an_explicit_resume_that_finds_nothing_is_an_error(tmp_path):
-    from utils.checkpoint import choose_checkpoint
+def test_where_a_run_starts_and_what_it_must_not_leave(tmp_path):
+    from utils.checkpoint import plan_start
 
-    assert choose_checkpoint(tmp_path, False, True) is None  # auto-resume with nothing: start at step 0
+    mine = lambda path: True  # noqa: E731 (same_run)
+    assert plan_start(tmp_path, False, True, mine) == (None, [])  # auto-resume with nothing: start at step 0
     with pytest.raises(ValueError, match="resume = True but .* holds no complete checkpoint"):
-        choose_checkpoint(tmp_path, True, True)
+        plan_start(tmp_path, True, True, mine)
+    for step in (5, 10, 15):
+        save_world(tmp_path, step, 2)
+    s5, s10, s15 = (step_dir(tmp_path, s) for s in (5, 10, 15))
+    assert plan_start(tmp_path, False, True, mine) == (s15, [])  # the same run: continue the newest
+    assert plan_start(tmp_path, False, True, lambda p: False) == (None, [s5, s10, s15])  # another config's
+    assert plan_start(tmp_path, False, False, mine) == (None, [s5, s10, s15])  # auto_resume = False: afresh
+    assert plan_start(tmp_path, True, False, lambda p: False) == (s15, [])  # explicit: continue it anyway
+    assert plan_start(tmp_path, str(s10), True, mine) == (s10, [s15])  # step 15 would shadow the new run
+    elsewhere = tmp_path / "other" / "checkpoints" / "step_000000003"
+    assert plan_start(tmp_path, str(elsewhere), True, mine) == (elsewhere, [s5, s10, s15])

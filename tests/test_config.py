@@ -25,6 +25,8 @@ def test_every_shipped_config_loads(name):
     cfg = load_config(f"configs/{name}")
     assert cfg.name == name
     assert set(cfg) == set(_base_defaults())
+    if name == "base":  # num_image is None: the trainer takes it from the dataset
+        cfg = cfg.updated(num_classes=1000, num_image=100_000)
     d = derive(cfg, 1 if name == "debug_cpu" else 8)
     assert d.total_steps > d.warmup_steps >= 0
 
@@ -153,7 +155,7 @@ def test_refusals_are_one_line(tmp_path):
 
 
 def test_max_steps_allows_zero_epochs(tmp_path):
-    cfg = load_config(write_cfg(tmp_path, "config.num_epoch = 0\nconfig.max_steps = 7\n"))
+    cfg = load_config(write_cfg(tmp_path, "config.num_epoch = 0\nconfig.max_steps = 7\nconfig.num_image = 1000\n"))
     assert derive(cfg, 1).total_steps == 7
 
 
@@ -315,3 +317,29 @@ def test_compile_backend_must_be_one_torch_knows():
     assert load_config("configs/debug_cpu", ["compile_backend=aot_eager"]).compile_backend == "aot_eager"
     with pytest.raises(ValueError, match="compile_backend = 'inductr' is not allowed; expected a torch.compile backend"):
         load_config("configs/debug_cpu", ["compile_backend=inductr"])
+
+
+def test_num_classes_and_num_image_may_be_left_to_the_dataset():
+    cfg = load_config("configs/debug_cpu", ["num_classes=none", "num_image=None"])
+    assert cfg.num_classes is None and cfg.num_image is None
+    with pytest.raises(ValueError, match="num_image is None"):
+        derive(cfg, 1)
+    filled = cfg.updated(num_classes=64, num_image=256)
+    assert (filled.num_classes, filled.num_image, cfg.num_classes) == (64, 256, None)  # a new config; cfg unchanged
+    assert derive(filled, 2).steps_per_epoch == 16
+    with pytest.raises(ValueError, match="num_classes = 0 is not allowed; expected >= 1, or None"):
+        load_config("configs/debug_cpu", ["num_classes=0"])
+
+
+def test_a_moved_dataset_keeps_its_fingerprint(tmp_path):
+    from utils.config import data_identity
+
+    for where in ("a", "b"):
+        (tmp_path / where / "id0").mkdir(parents=True)
+        (tmp_path / where / "id0" / "0.jpg").write_bytes(b"x" * 10)
+    cfg_a = load_config("configs/debug_cpu", [f"rec={tmp_path / 'a'}"])
+    cfg_b = load_config("configs/debug_cpu", [f"rec={tmp_path / 'b'}"])
+    assert data_identity(cfg_a.rec) == data_identity(cfg_b.rec)
+    assert fingerprint(cfg_a, data_identity(cfg_a.rec)) == fingerprint(cfg_b, data_identity(cfg_b.rec))
+    (tmp_path / "b" / "id0" / "1.jpg").write_bytes(b"y")  # other contents: another identity
+    assert data_identity(cfg_b.rec) != data_identity(cfg_a.rec)

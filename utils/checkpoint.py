@@ -168,11 +168,17 @@ def save_checkpoint(output: str | os.PathLike, step: int, *, rank: int, world_si
         tmp.mkdir()
     barrier()  # the empty .tmp directory exists before anyone writes into it
 
-    atomic_write(tmp / head_file(rank), lambda f: torch.save(dict(head), f))
-    atomic_write(tmp / rng_file(rank), lambda f: torch.save(dict(rng if rng is not None else rng_state()), f))
+    files = {head_file(rank): dict(head), rng_file(rank): dict(rng if rng is not None else rng_state())}
     if rank == 0:
-        atomic_write(tmp / COMMON_FILE, lambda f: torch.save(dict(common), f))
-    barrier()  # every rank's files are durable in .tmp
+        files[COMMON_FILE] = dict(common)
+    error: OSError | None = None
+    try:
+        for name, payload in files.items():
+            atomic_write(tmp / name, lambda f, payload=payload: torch.save(payload, f))
+    except OSError as exc:  # a full disk, a quota, a permission: every rank learns of it below
+        error = exc
+    barrier()  # every rank's files are durable in .tmp, or failed
+    _agree_written(root, tmp, step, rank, error, sum(_tensor_bytes(p) for p in files.values()))
 
     if rank == 0:
         names = [COMMON_FILE] + [head_file(r) for r in range(world_size)] + [rng_file(r) for r in range(world_size)]
@@ -195,6 +201,41 @@ def save_checkpoint(output: str | os.PathLike, step: int, *, rank: int, world_si
         logger.info("saved checkpoint %s", final)
     barrier()  # nobody reads or starts the next save before rank 0 has renamed and pruned
     return final
+
+
+class CheckpointWriteError(ValueError):
+    """A checkpoint could not be written (e.g. a full disk); the previous one is intact."""
+
+
+def _tensor_bytes(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, Mapping):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
+
+
+def _agree_written(root: Path, tmp: Path, step: int, rank: int, error: OSError | None, planned: int) -> None:
+    """Every rank learns whether every rank wrote its files; if one did not, the partial directory is removed
+    and every rank raises the same ``CheckpointWriteError`` (rank 0's names the space needed and free)."""
+    from utils.distributed import all_gather_sizes, collective_device  # late: the format does not depend on them
+
+    codes = all_gather_sizes([(error.errno or 1) if error else 0, planned], collective_device())
+    failed = [r for r, (code, _) in enumerate(codes) if code]
+    if not failed:
+        return
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+    code = codes[failed[0]][0]
+    needed, free = sum(n for _, n in codes), shutil.disk_usage(root).free
+    previous = find_latest(root.parent)
+    detail = f" ({error.filename}: {error.strerror})" if error is not None and error.filename else ""
+    raise CheckpointWriteError(
+        f"checkpoint step {step} was not written: {os.strerror(code)} on rank {', '.join(map(str, failed))}"
+        f"{detail}; it needs about {needed / 2**20:.0f} MB and {free / 2**20:.0f} MB are free in {root}; "
+        f"{'the previous checkpoint ' + str(previous) + ' is intact' if previous else 'no earlier checkpoint exists'}")
 
 
 def _check_common(common: Mapping[str, Any] | None, step: int, world_size: int) -> None:
@@ -291,12 +332,12 @@ def clean_partial(output: str | os.PathLike) -> list[Path]:
 
 # ------------------------------------------------------------------------------------------------ loading
 
-def load_common(ckpt_dir: str | os.PathLike) -> dict[str, Any]:
-    """``common.pt`` of a checkpoint, checked for the expected keys."""
+def load_common(ckpt_dir: str | os.PathLike, mmap: bool = False) -> dict[str, Any]:
+    """``common.pt`` of a checkpoint, checked for the expected keys (``mmap``: read tensors only when used)."""
     path = Path(ckpt_dir) / COMMON_FILE
     if not path.is_file():
         raise ValueError(f"{path}: missing; expected the rank-0 part of a checkpoint")
-    common = load_tensors(path)
+    common = load_tensors(path, mmap=mmap)
     if not isinstance(common, dict) or [k for k in COMMON_KEYS if k not in common]:
         keys = sorted(common) if isinstance(common, dict) else type(common).__name__
         raise ValueError(f"{path}: holds {keys}; expected keys {list(COMMON_KEYS)}")
@@ -400,36 +441,118 @@ def train_state_of(common: Mapping[str, Any]) -> TrainState:
                       skipped_steps=common["config"].get("skipped_steps", 0))
 
 
-def resume_position(state: TrainState, saved_world_size: int, world_size: int, steps_per_epoch: int,
+def resume_position(state: TrainState, saved_per_step: int, per_step: int, steps_per_epoch: int,
                     max_steps: int) -> TrainState:
-    """Where to continue, in units of the new world size's optimizer steps.
+    """Where to continue, in units of the new run's optimizer steps; ``saved_per_step``/``per_step``: images per
+    optimizer step (batch size x world size x accumulation) of the run that saved and of this one.
 
-    On the same world size nothing changes. On another one a step holds ``world_size / saved_world_size``
-    times the samples: the position in the epoch keeps the samples consumed (rounded down, so a few are
-    seen again rather than skipped), and for an epoch-based run (``max_steps = 0``) the step counter is
-    recomputed from the epoch position, so the LR schedule continues at the same fraction of training and
-    the run still ends after the configured epochs. A step-based run (``max_steps > 0``) keeps its step.
+    With the same images per step nothing changes. Otherwise (another world size, say) the position in the
+    epoch keeps the samples consumed (rounded down, so a few are seen again rather than skipped), and for an
+    epoch-based run (``max_steps = 0``) the step counter is recomputed from the epoch position, so the LR
+    schedule continues at the same fraction of training and the run still ends after the configured
+    epochs. A step-based run (``max_steps > 0``) keeps its step.
     """
-    if saved_world_size == world_size:
+    if saved_per_step == per_step:
         return state
-    epoch, step_in_epoch = state.epoch, state.step_in_epoch * saved_world_size // world_size
+    epoch, step_in_epoch = state.epoch, state.step_in_epoch * saved_per_step // per_step
     if step_in_epoch >= steps_per_epoch:
         epoch, step_in_epoch = epoch + 1, 0
     step = epoch * steps_per_epoch + step_in_epoch if max_steps == 0 else state.step
     return TrainState(step=step, epoch=epoch, step_in_epoch=step_in_epoch, skipped_steps=state.skipped_steps)
 
 
-def choose_checkpoint(output: str | os.PathLike, resume: bool | str, auto_resume: bool) -> Path | None:
-    """The checkpoint a run continues from: ``resume`` as a path; the newest complete one under ``output``
-    when ``resume`` or ``auto_resume``; else None. ``resume=True`` with no complete checkpoint is a
-    ``ValueError`` (an explicit resume that finds nothing is a mistake: a wrong ``output``, say)."""
+# Keys whose saved state cannot serve another value: an explicit resume that changes one is refused.
+FIXED_KEYS: dict[str, str] = {
+    "network": "the saved weights are that network's",
+    "network_kwargs": "the saved weights have that network's shapes",
+    "embedding_size": "the saved weights and class centres have that width",
+    "num_classes": "the head holds one saved row per class",
+    "optimizer": "the saved optimizer state is that optimizer's",
+}
+
+
+def config_changes(saved: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """``{key: (saved value, current value)}`` for every key that enters the fingerprint and differs (the
+    ``rec`` path aside: the data's identity stands for it)."""
+    from utils.config import FINGERPRINT_EXCLUDED
+
+    def plain(v: Any) -> Any:
+        return [plain(x) for x in v] if isinstance(v, (list, tuple)) else v
+
+    keys = sorted((set(saved) | set(current)) - FINGERPRINT_EXCLUDED - {"rec", "skipped_steps"})
+    return {k: (saved.get(k), current.get(k)) for k in keys if plain(saved.get(k)) != plain(current.get(k))}
+
+
+def describe_changes(changes: Mapping[str, tuple[Any, Any]]) -> str:
+    """``"lr 0.1 → 0.01, max_steps 20 → 30"``."""
+    return ", ".join(f"{k} {old!r} → {new!r}" for k, (old, new) in changes.items())
+
+
+def check_continuation(ckpt_dir: Path, common: Mapping[str, Any], config: Mapping[str, Any], fingerprint: str,
+                       data: str, explicit: bool) -> str | None:
+    """Whether a run may continue ``ckpt_dir``: None when it was written by the same config (same fingerprint);
+    a warning naming every changed key when the resume is explicit and the saved state serves the new values;
+    else ``ValueError`` naming the keys and what to do. Schedule keys (``lr``, ``max_steps``, ``num_epoch``,
+    ``warmup_epoch``, ``lr_power``, ...) continue from the saved step with the new values."""
+    if common["fingerprint"] == fingerprint:
+        return None
+    changes = config_changes(common["config"], config)
+    if common.get("data", data) != data:
+        changes["training data"] = (f"{common['config'].get('rec')} (as it was)", f"{config.get('rec')} (other images)")
+    what = describe_changes(changes) or "an older release's fingerprint"
+    if not explicit:
+        raise ValueError(f"{ckpt_dir.parent} holds checkpoints of another config ({what}); continue them with "
+                         f"--resume (a changed lr, max_steps, num_epoch or warmup_epoch applies from their step), "
+                         f"use another `output`, or set archive_checkpoints=True to move them aside and start afresh")
+    for key in changes:
+        if key in FIXED_KEYS or key == "training data":
+            reason = FIXED_KEYS.get(key, "the data position and the head's classes are the old data's")
+            raise ValueError(f"resume from {ckpt_dir}: {key} {changes[key][0]!r} → {changes[key][1]!r} cannot "
+                             f"continue ({reason}); to start from its weights, train into another `output` with "
+                             f"init_backbone={ckpt_dir.parent.parent / 'model.pt'}")
+    return f"resuming {ckpt_dir} with a changed config: {what}"
+
+
+def _step_of(path: Path) -> int:
+    return int(path.name[len("step_"):])
+
+
+def plan_start(output: str | os.PathLike, resume: bool | str, auto_resume: bool,
+               same_run: Callable[[Path], bool]) -> tuple[Path | None, list[Path]]:
+    """``(checkpoint to continue from or None, complete checkpoints this run must not leave in output)``.
+
+    A folder belongs to one run: a run never deletes (by rotation) or shadows (by being older than the
+    newest) checkpoints it does not continue. Those are: every checkpoint when the run starts afresh
+    (``auto_resume = False``, or auto-resume finds another config's: ``same_run`` is False), those newer than
+    ``resume = PATH`` (or all of them when PATH lies elsewhere). The caller refuses to start while they
+    are there, unless asked to archive them. ``resume = True`` with nothing to resume is a ``ValueError``.
+    """
+    existing = list_checkpoints(output)
     if isinstance(resume, str):
-        return Path(resume)
-    latest = find_latest(output) if (resume or auto_resume) else None
+        start = Path(resume)
+        inside = start.resolve().parent == checkpoint_root(output).resolve()
+        return start, [p for p in existing if not inside or _step_of(p) > _step_of(start.resolve())]
+    latest = existing[-1] if existing else None
     if resume and latest is None:
         raise ValueError(f"resume = True but {checkpoint_root(output)} holds no complete checkpoint; check "
                          f"`output`, or leave resume = False to start (auto_resume continues when there is one)")
-    return latest
+    if latest is not None and (resume or (auto_resume and same_run(latest))):
+        return latest, []
+    return None, existing
+
+
+def archive(output: str | os.PathLike, checkpoints: list[Path]) -> Path:
+    """Move ``checkpoints`` (and ``model.pt``/``model.json``, which belong to them) to
+    ``<output>/archive_<time>/`` (rank 0); returns that folder."""
+    import time
+
+    target = Path(output) / f"archive_{time.strftime('%Y%m%d-%H%M%S')}"
+    target.mkdir(parents=True, exist_ok=False)
+    for path in checkpoints + [Path(output) / n for n in ("model.pt", MODEL_CARD) if (Path(output) / n).exists()]:
+        os.replace(path, target / path.name)
+    fsync_dir(target)
+    fsync_dir(Path(output))
+    return target
 
 
 class Trainer(Protocol):
@@ -445,6 +568,7 @@ class Trainer(Protocol):
     scaler: Any  # utils.precision.LossScaler
     output: Path
     fingerprint: str
+    data_identity: str
 
 
 MODEL_CARD = "model.json"
@@ -473,18 +597,43 @@ def save_run(job: Trainer, state: TrainState, logger: logging.Logger) -> None:
 
 
 def resume(job: Trainer, steps_per_epoch: int, logger: logging.Logger) -> TrainState:
-    """Clean partial saves (rank 0), choose the checkpoint (``choose_checkpoint``) and restore it; the state to
-    start from (step 0 when there is none)."""
+    """Decide where the run starts (``plan_start``, ``check_continuation``), clean partial saves and archive or
+    refuse what the run does not continue (rank 0 changes the folder, after every rank has looked at it),
+    restore the chosen checkpoint. The state to start from (step 0 when there is none)."""
+    from utils.distributed import barrier
+
+    cfg, explicit = job.cfg, bool(job.cfg.resume)
+
+    start, foreign = plan_start(job.output, cfg.resume, cfg.auto_resume,
+                                lambda path: load_common(path, mmap=True)["fingerprint"] == job.fingerprint)
+    if foreign and not cfg.archive_checkpoints:
+        if start is None and cfg.auto_resume and not explicit:  # name what differs: load the newest one's config
+            check_continuation(foreign[-1], load_common(foreign[-1], mmap=True), cfg.to_dict(), job.fingerprint,
+                               job.data_identity, explicit=False)
+        raise ValueError(f"{checkpoint_root(job.output)} holds checkpoints this run would not continue ("
+                         f"{', '.join(p.name for p in foreign)}); it would delete or shadow them: use another "
+                         f"`output`, resume=PATH of the one to continue, or archive_checkpoints=True to move them "
+                         f"aside")
+    warning = None
+    if start is not None:
+        warning = check_continuation(start, load_common(start, mmap=True), cfg.to_dict(), job.fingerprint,
+                                     job.data_identity, explicit)
+    barrier()  # every rank has looked at the folder before rank 0 changes it
     if job.rank == 0:
         clean_partial(job.output)
-    latest = choose_checkpoint(job.output, job.cfg.resume, job.cfg.auto_resume)
-    if latest is None:
+        if foreign:
+            logger.warning("moved %s to %s (archive_checkpoints)", ", ".join(p.name for p in foreign),
+                           archive(job.output, foreign))
+    barrier()
+    if start is None:
         return TrainState()
-    state, saved_world = restore_training_state(job, latest, steps_per_epoch)
+    if warning:
+        logger.warning("%s", warning)
+    state, saved_world = restore_training_state(job, start, steps_per_epoch)
     if saved_world != job.world_size:
         logger.info("world size changed %d -> %d: head re-partitioned, random streams re-seeded", saved_world,
                     job.world_size)
-    logger.info("resumed from %s at step %d (epoch %d, step %d in epoch)", latest, state.step, state.epoch,
+    logger.info("resumed from %s at step %d (epoch %d, step %d in epoch)", start, state.step, state.epoch,
                 state.step_in_epoch)
     return state
 
@@ -497,6 +646,7 @@ def save_training_state(job: Trainer, state: TrainState) -> Path:
                              backbone=job.backbone.state_dict(), backbone_optimizer=job.opt_backbone.state_dict(),
                              scaler=job.scaler.state_dict(), world_size=job.world_size,
                              num_classes=job.cfg.num_classes, fingerprint=job.fingerprint, config=job.cfg.to_dict())
+        common["data"] = job.data_identity  # what the data held, so that a resume can tell it changed
     head = head_shard(job.head.weight, job.opt_head.state[job.head.weight], job.head.class_start,
                       job.cfg.num_classes)
     return save_checkpoint(job.output, state.step, rank=job.rank, world_size=job.world_size, head=head,
@@ -508,10 +658,6 @@ def restore_training_state(job: Trainer, ckpt_dir: Path, steps_per_epoch: int) -
     size that wrote it)``. Head rows and their optimizer state are re-partitioned when the world size changed;
     the random streams are then re-seeded deterministically (the old per-rank streams cannot continue)."""
     common = load_common(ckpt_dir)
-    if common["fingerprint"] != job.fingerprint:
-        raise ValueError(f"checkpoint {ckpt_dir} was written by a different config (fingerprint "
-                         f"{common['fingerprint']} != {job.fingerprint}); use another `output`, or set "
-                         f"auto_resume=False and resume=False to start afresh")
     job.backbone.load_state_dict(common["backbone"])
     job.opt_backbone.load_state_dict(common["backbone_optimizer"])
     job.scaler.load_state_dict(common["scaler"])
@@ -523,5 +669,8 @@ def restore_training_state(job: Trainer, ckpt_dir: Path, steps_per_epoch: int) -
         set_rng_state(rng)
     else:
         torch.manual_seed(job.cfg.seed + 1_000_003 * common["step"] + job.rank)
-    state = resume_position(train_state_of(common), saved_world, job.world_size, steps_per_epoch, job.cfg.max_steps)
-    return state, saved_world
+    saved = common["config"]
+    saved_per_step = saved["batch_size"] * saved_world * saved["gradient_acc"]
+    per_step = job.cfg.batch_size * job.world_size * job.cfg.gradient_acc
+    return resume_position(train_state_of(common), saved_per_step, per_step, steps_per_epoch, job.cfg.max_steps), \
+        saved_world

@@ -31,6 +31,7 @@ BASE_CONFIG = CONFIG_DIR / "base.py"
 
 # Keys whose default does not show their type: optional paths (None allowed) and `resume` (bool or a path).
 _OPTIONAL_STR = frozenset({"output", "init_backbone"})
+_OPTIONAL_INT = frozenset({"num_classes", "num_image"})  # None = what the dataset holds (filled in by the trainer)
 _BOOL_OR_STR = frozenset({"resume"})
 
 # Keys that do not change what the model learns: operational settings (where and how often to write, log,
@@ -38,10 +39,9 @@ _BOOL_OR_STR = frozenset({"resume"})
 # only at rounding level (device, channels_last, compile, tf32). Every other key enters the fingerprint, so a
 # checkpoint is resumed automatically only by a run that would have produced the same training trajectory.
 FINGERPRINT_EXCLUDED = frozenset({
-    "output", "resume", "auto_resume", "save_all_states", "save_every_steps", "keep_checkpoints",
-    "verbose", "frequent", "val_targets", "num_workers", "dali", "device", "channels_last", "compile", "compile_backend",
-    "tf32",
-    "dist_timeout_minutes", "max_nonfinite_steps",
+    "output", "resume", "auto_resume", "archive_checkpoints", "save_all_states", "save_every_steps",
+    "keep_checkpoints", "verbose", "frequent", "val_targets", "num_workers", "dali", "device", "channels_last",
+    "compile", "compile_backend", "tf32", "dist_timeout_minutes", "max_nonfinite_steps",
 })
 
 # Keys added after checkpoints were first written, each with the value that trains as the code did before the
@@ -142,6 +142,14 @@ class Config(Mapping):
     def __reduce__(self) -> tuple:
         return (Config, (self.to_dict(), self._source, self._name))
 
+    def updated(self, **values: Any) -> "Config":
+        """A new configuration with ``values`` replaced (keys must exist); this one is left as it is. For values
+        only the run can know, such as ``num_classes = None`` filled in from the dataset."""
+        unknown = [k for k in values if k not in self._data]
+        if unknown:
+            raise KeyError(f"config has no keys {unknown}")
+        return Config({**self.to_dict(), **values}, self._source, self._name)
+
     def to_dict(self) -> dict[str, Any]:
         """A plain, mutable deep copy (tuples stay tuples; dicts become plain dicts)."""
         return {k: _thaw(v) for k, v in self._data.items()}
@@ -201,7 +209,7 @@ def _base_defaults() -> dict[str, Any]:
     if not _BASE_CACHE:
         _BASE_CACHE.update(_load_module_config(BASE_CONFIG))
         for key, value in _BASE_CACHE.items():
-            assert value is not None or key in _OPTIONAL_STR, f"base key {key!r} defaults to None but has no type"
+            assert value is not None or key in _OPTIONAL_STR | _OPTIONAL_INT, f"base key {key!r} is None without a type"
     return _BASE_CACHE
 
 
@@ -233,6 +241,8 @@ def _suggest(key: str, valid: Mapping[str, Any] | Sequence[str]) -> str:
 def _type_name(default: Any, key: str) -> str:
     if key in _OPTIONAL_STR:
         return "str or None"
+    if key in _OPTIONAL_INT:
+        return "int or None"
     if key in _BOOL_OR_STR:
         return "bool or str (a checkpoint path)"
     if isinstance(default, (list, tuple)):
@@ -250,6 +260,10 @@ def _coerce(key: str, value: Any, default: Any, where: str) -> Any:
 
     if key in _OPTIONAL_STR:
         if value is None or isinstance(value, str):
+            return value
+        raise bad()
+    if key in _OPTIONAL_INT:
+        if value is None or (isinstance(value, int) and not isinstance(value, bool)):
             return value
         raise bad()
     if key in _BOOL_OR_STR:
@@ -321,8 +335,8 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "clip_grad_norm": _rule(lambda v: _finite(v) and v >= 0, ">= 0 (0 = no clipping)"),
     "max_nonfinite_steps": _rule(lambda v: v >= 1, ">= 1"),
     "rec": _rule(lambda v: bool(v.strip()), "a dataset folder or 'synthetic'"),
-    "num_classes": _rule(lambda v: v >= 1, ">= 1"),
-    "num_image": _rule(lambda v: v >= 1, ">= 1"),
+    "num_classes": _rule(lambda v: v is None or v >= 1, ">= 1, or None for what the dataset says"),
+    "num_image": _rule(lambda v: v is None or v >= 1, ">= 1, or None for what the dataset holds"),
     "num_epoch": _rule(lambda v: v >= 0, ">= 0 (and >= 1 unless max_steps > 0)"),
     "warmup_epoch": _rule(lambda v: v >= 0, ">= 0 (arcface_torch's -1 trains as 0 there, with no warm-up: write 0)"),
     "dali_aug": _rule(lambda v: v is False, "False: arcface_torch's DALI augmentation is not implemented, because our "
@@ -366,9 +380,9 @@ def _parse_scalar(text: str, default: Any, key: str) -> Any:
         if key in _BOOL_OR_STR:
             return text
         raise ValueError(f"expected a bool ({'/'.join(sorted(_TRUE))} or {'/'.join(sorted(_FALSE))})")
-    if key in _OPTIONAL_STR and low in _NONE:
+    if key in _OPTIONAL_STR | _OPTIONAL_INT and low in _NONE:
         return None
-    if isinstance(default, int):
+    if isinstance(default, int) or key in _OPTIONAL_INT:
         return int(text.strip())
     if isinstance(default, float):
         return float(text.strip())
@@ -445,6 +459,9 @@ def derive(cfg: Mapping[str, Any], world_size: int) -> Derived:
     """Global batch, optimizer steps per epoch, total and warm-up steps for ``world_size`` ranks."""
     if world_size < 1:
         raise ValueError(f"world_size = {world_size}; expected >= 1")
+    if cfg["num_image"] is None:
+        raise ValueError("num_image is None: the trainer fills it in from the dataset (Config.updated) before "
+                         "deriving steps; set num_image when the dataset cannot tell (e.g. DALI)")
     global_batch = cfg["batch_size"] * world_size
     images_per_step = global_batch * cfg["gradient_acc"]
     steps_per_epoch = cfg["num_image"] // global_batch // cfg["gradient_acc"]
@@ -464,7 +481,7 @@ def derive(cfg: Mapping[str, Any], world_size: int) -> Derived:
 
 def check_world(cfg: Mapping[str, Any], world_size: int) -> None:
     """Raise ``ValueError`` when the classes cannot be split over ``world_size`` ranks (every rank needs >= 1)."""
-    if cfg["num_classes"] < world_size:
+    if cfg["num_classes"] is not None and cfg["num_classes"] < world_size:
         raise ValueError(f"num_classes = {cfg['num_classes']} is smaller than world_size = {world_size}; every rank "
                          f"holds at least one class centre: use at most {cfg['num_classes']} ranks")
 
@@ -489,8 +506,26 @@ def check_paths(cfg: Mapping[str, Any]) -> None:
                          f"<output>/checkpoints/step_<step>, or True for the newest one under output")
 
 
-def fingerprint(cfg: Mapping[str, Any]) -> str:
-    """A 16-hex-digit hash of the keys that change training results (all but ``FINGERPRINT_EXCLUDED``).
+def data_identity(rec: str) -> str:
+    """What the training data holds, not where it lies: a hash of ``train.idx`` and the size of ``train.rec``
+    (RecordIO), of the sorted relative paths and sizes of the images (an image folder), or ``"synthetic"``.
+    A dataset copied or moved to another disk keeps its identity; a changed one does not."""
+    if rec == "synthetic":
+        return "synthetic"
+    root, digest = Path(rec), hashlib.sha256()
+    if (root / "train.idx").is_file():
+        digest.update((root / "train.idx").read_bytes())
+        digest.update(str((root / "train.rec").stat().st_size if (root / "train.rec").is_file() else -1).encode())
+    elif root.is_dir():
+        for path in sorted(p for p in root.rglob("*") if p.is_file()):
+            digest.update(f"{path.relative_to(root).as_posix()}\t{path.stat().st_size}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def fingerprint(cfg: Mapping[str, Any], data: str | None = None) -> str:
+    """A 16-hex-digit hash of the keys that change training results (all but ``FINGERPRINT_EXCLUDED``); with
+    ``data`` (``data_identity(rec)``), the data's identity stands in for the ``rec`` path, so a moved dataset
+    keeps the fingerprint.
 
     Two configurations with the same fingerprint train the same model step for step, so a checkpoint of one
     may be resumed automatically by the other. Keys at their ``_FINGERPRINT_LEGACY`` value are left out, so a
@@ -505,6 +540,8 @@ def fingerprint(cfg: Mapping[str, Any]) -> str:
 
     relevant = {k: plain(v) for k, v in sorted(cfg.items())
                 if k not in FINGERPRINT_EXCLUDED and not (k in _FINGERPRINT_LEGACY and v == _FINGERPRINT_LEGACY[k])}
+    if data is not None:
+        relevant["rec"] = data
     blob = json.dumps(relevant, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -38,9 +38,10 @@ import torch.multiprocessing as mp
 from torch import Tensor
 
 __all__ = [
-    "free_port", "init_process_group", "pick_device", "run_on_local_ranks", "wrap_ddp", "all_gather_cat", "all_gather_sizes", "all_reduce", "barrier", "broadcast_ints", "get_rank",
-    "get_world_size", "to_host",
-    "is_distributed", "resolve_tactic", "rows_per_block", "sharded_cross_entropy", "Tactic", "TACTICS",
+    "TACTICS", "Tactic", "all_gather_cat", "all_gather_sizes", "all_reduce", "barrier", "broadcast_ints",
+    "collective_device", "free_port", "get_rank", "get_world_size", "init_process_group", "is_distributed",
+    "pick_device", "resolve_tactic", "rows_per_block", "run_on_local_ranks", "sharded_cross_entropy", "to_host",
+    "wrap_ddp",
 ]
 
 logger = logging.getLogger(__name__)
@@ -184,6 +185,13 @@ def get_rank() -> int:
 def get_world_size() -> int:
     """Number of ranks; 1 without a process group."""
     return dist.get_world_size() if is_distributed() else 1
+
+
+def collective_device() -> torch.device:
+    """Where small tensors for a collective live: this rank's GPU under NCCL, else the CPU."""
+    if is_distributed() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def barrier() -> None:

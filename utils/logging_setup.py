@@ -28,8 +28,13 @@ def setup_logging(rank: int, output: str | Path | None) -> logging.Logger:
     console = logging.StreamHandler(sys.stdout if rank == 0 else sys.stderr)
     if rank == 0:
         logger.setLevel(logging.INFO)
-        console.setFormatter(logging.Formatter(_FORMAT, datefmt="%H:%M:%S"))
-        logger.addHandler(console)
+        # Progress to stdout, errors to stderr (a failed job's one line is where shells and schedulers look).
+        console.addFilter(lambda record: record.levelno < logging.ERROR)
+        errors = logging.StreamHandler(sys.stderr)
+        errors.setLevel(logging.ERROR)
+        for handler in (console, errors):
+            handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%H:%M:%S"))
+            logger.addHandler(handler)
         if output is not None:
             Path(output).mkdir(parents=True, exist_ok=True)
             file_handler = logging.FileHandler(Path(output) / "training.log")
@@ -40,12 +45,21 @@ def setup_logging(rank: int, output: str | Path | None) -> logging.Logger:
         console.setFormatter(logging.Formatter(f"[rank {rank}] " + _FORMAT, datefmt="%H:%M:%S"))
         logger.addHandler(console)
     # Library modules log through logging.getLogger(__name__); route the project's packages here too.
-    for name in ("partial_fc", "dataset", "eval", "utils", "backbones", "losses"):
+    for name in ("partial_fc", "optimizers", "dataset", "eval", "utils", "backbones", "losses"):
         child = logging.getLogger(name)
         child.handlers = logger.handlers[:]
         child.setLevel(logger.level)
         child.propagate = False
     return logger
+
+
+def one_line(exc: BaseException) -> str:
+    """An error as the one line a user reads: its message, or, for an error re-raised from a DataLoader worker
+    (whose message holds the worker's traceback), the original error's last line."""
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].startswith("Caught "):
+        return lines[-1].strip()
+    return lines[0] if lines else type(exc).__name__
 
 
 class ProgressLog:

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from utils.distributed import all_reduce, to_host
 
-__all__ = ["LossScaler", "autocast", "configure_tf32", "nonfinite_parts"]
+__all__ = ["LossScaler", "NonFiniteLossError", "autocast", "configure_tf32", "nonfinite_parts"]
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
@@ -112,6 +112,16 @@ class LossScaler:
         for key in ("growth_factor", "backoff_factor", "growth_interval"):
             if key in state:
                 setattr(self, key, type(getattr(self, key))(state[key]))
+
+
+class NonFiniteLossError(RuntimeError):
+    """``max_nonfinite_steps`` optimizer steps in a row were skipped for non-finite values: the job stops."""
+
+    def __init__(self, in_row: int, step: int, checkpoints: object) -> None:
+        super().__init__(f"the loss or the gradients were not finite for {in_row} optimizer steps in a row (up to "
+                         f"step {step}); stopping. Weights were not updated on those steps and the newest complete "
+                         f"checkpoint in {checkpoints} is intact. Lower `lr`, check the data, or use fp16/bf16 "
+                         f"with care")
 
 
 def nonfinite_parts(loss: Tensor, backbone_grads: list[Tensor], head_grad: Tensor | None) -> tuple[list[str], Tensor]:

@@ -54,7 +54,7 @@ def test_non_finite_steps_in_a_row_stop_the_job_and_keep_the_last_good_weights(t
                  "max_nonfinite_steps=2", "frequent=1", check=False, timeout=140)
     assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
     stop = "ERROR the loss or the gradients were not finite for 2 optimizer steps in a row"
-    assert stop in proc.stdout and stop in (output / "training.log").read_text(), proc.stdout[-3000:]
+    assert stop in proc.stderr and stop in (output / "training.log").read_text(), proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "step 1: non-finite loss, backbone gradients, head gradients (loss nan); update of backbone and head " \
            "skipped (1 in a row, stop at 2)" in proc.stdout, proc.stdout[-3000:]
