@@ -46,6 +46,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+# torch 2.14 renamed these collectives (the old names warn); earlier releases have only the old ones.
+_all_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_into = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 
 # ------------------------------------------------------------------------------------------------ set-up
 
@@ -240,7 +244,7 @@ def all_gather_sizes(counts: Sequence[int] | Tensor, device: torch.device | str)
     if world == 1:
         return [to_host(local)]
     out = torch.empty(world * local.numel(), dtype=torch.int64, device=device)  # (W*k,)
-    dist.all_gather_into_tensor(out, local)
+    _all_gather_into(out, local)
     return to_host(out.view(world, -1))
 
 
@@ -267,7 +271,7 @@ class _AllGatherCat(torch.autograd.Function):
         if x.shape[0] < longest:
             x = torch.cat([x, x.new_zeros((longest - x.shape[0], *x.shape[1:]))])  # (max n, *S)
         gathered = x.new_empty((world * longest, *x.shape[1:]))  # (W·max n, *S)
-        dist.all_gather_into_tensor(gathered, x)
+        _all_gather_into(gathered, x)
         if all(n == longest for n in sizes):
             return gathered
         return torch.cat([gathered[r * longest: r * longest + n] for r, n in enumerate(sizes)])  # (N, *S)
@@ -285,7 +289,7 @@ class _AllGatherCat(torch.autograd.Function):
                 offset += n
             grad = padded
         out = grad.new_empty((longest, *grad.shape[1:]))  # (max n, *S)
-        dist.reduce_scatter_tensor(out, grad)
+        _reduce_scatter_into(out, grad)
         out = out[: sizes[rank]]  # (n_rank, *S)
         if ctx.grad_scale != 1.0:
             out.mul_(ctx.grad_scale)

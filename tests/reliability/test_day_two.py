@@ -1,0 +1,192 @@
+"""Day two through the train.py CLI, as a user types it: continue with a changed schedule, move the data,
+start in a folder that holds another run, and every mistake as one line on stderr and in training.log.
+
+Runs are configs/debug_cpu (synthetic data) or the same network on a small image folder; each takes seconds.
+"""
+from __future__ import annotations
+
+import errno
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import (CONFIG, ROOT, load_model, logged_losses, logged_lrs, subprocess_env, torchrun_command,
+                           train)
+from utils.checkpoint import find_latest, list_checkpoints, step_dir
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+RUN = ("max_steps=12", "save_every_steps=4", "keep_checkpoints=5", "frequent=1")
+
+
+def one_error_line(proc: subprocess.CompletedProcess, output: Path) -> str:
+    """The run's single error: exit 2, no traceback, exactly one line on stderr, the same line in training.log."""
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    log = (output / "training.log").read_text()
+    assert lines[0].split(" ERROR ", 1)[-1] in log
+    return lines[0]
+
+
+def faces(root: Path, identities: int = 8, per_identity: int = 4) -> Path:
+    """A small image folder dataset (one folder per identity)."""
+    from torchvision.io import encode_jpeg
+
+    g = torch.Generator().manual_seed(0)
+    for identity in range(identities):
+        (root / f"id{identity}").mkdir(parents=True, exist_ok=True)
+        for i in range(per_identity):
+            image = torch.randint(0, 256, (3, 112, 112), generator=g, dtype=torch.uint8)
+            (root / f"id{identity}" / f"{i}.jpg").write_bytes(encode_jpeg(image).numpy().tobytes())
+    return root
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory) -> Path:
+    """A finished 12-step run with checkpoints at 4, 8, 12."""
+    output = tmp_path_factory.mktemp("day_two") / "run"
+    train(CONFIG, output, *RUN)
+    return output
+
+
+def copy_run(run: Path, to: Path) -> Path:
+    shutil.copytree(run, to)
+    return to
+
+
+# ------------------------------------------------------------------------------------------------ resume
+def test_explicit_resume_continues_a_longer_schedule_with_a_lower_lr(first_run, tmp_path):
+    output = copy_run(first_run, tmp_path / "run")
+    proc = train(CONFIG, output, *RUN[1:], "max_steps=20", "lr=0.01", "--resume")
+    warning = [line for line in proc.stdout.splitlines() if "with a changed config" in line]
+    assert len(warning) == 1 and "lr 0.1 → 0.01" in warning[0] and "max_steps 12 → 20" in warning[0], proc.stdout
+    lrs = logged_lrs(output)
+    assert min(s for s in lrs if lrs[s][0] == 20) == 13 and max(lrs) == 20  # from the saved step to the new end
+    assert float(lrs[13][1]) == pytest.approx(0.01 * (1 - 12 / 20), abs=1e-6)  # the new schedule at step 12
+    assert find_latest(output) == step_dir(output, 20)
+
+
+def test_explicit_resume_refuses_what_cannot_continue(first_run, tmp_path):
+    output = copy_run(first_run, tmp_path / "run")
+    line = one_error_line(train(CONFIG, output, *RUN, "embedding_size=64", "--resume", check=False), output)
+    assert "embedding_size 32 → 64 cannot continue" in line and "init_backbone=" in line and "model.pt" in line
+
+
+def test_auto_resume_names_the_keys_that_differ(first_run, tmp_path):
+    output = copy_run(first_run, tmp_path / "run")
+    line = one_error_line(train(CONFIG, output, *RUN, "weight_decay=0.001", check=False), output)
+    assert "holds checkpoints of another config (weight_decay 0.0005 → 0.001)" in line and "--resume" in line
+    assert list_checkpoints(output) == [step_dir(output, s) for s in (4, 8, 12)]  # nothing deleted
+
+
+def test_a_moved_dataset_resumes_by_itself(tmp_path):
+    data = faces(tmp_path / "disk1" / "faces")
+    sets = ("num_classes=8", "num_image=32", "batch_size=4", "max_steps=8", "save_every_steps=4", "frequent=1",
+            "val_targets=")
+    output = tmp_path / "run"
+    train(CONFIG, output, f"rec={data}", *sets)
+    shutil.rmtree(step_dir(output, 8))  # as if the job had died after step 4
+    moved = shutil.move(str(data), tmp_path / "disk2")
+    proc = train(CONFIG, output, f"rec={moved}", *sets)
+    assert "resumed from" in proc.stdout and "at step 4" in proc.stdout, proc.stdout[-2000:]
+    assert find_latest(output) == step_dir(output, 8)
+
+
+# ------------------------------------------------------------------------------------------------ folder
+def test_a_fresh_run_never_deletes_or_shadows_another_runs_checkpoints(first_run, tmp_path):
+    """The sequence that lost work: auto_resume = False into a folder holding another run's checkpoints used
+    to write new ones that the rotation then deleted (the old run's higher steps won)."""
+    output = copy_run(first_run, tmp_path / "run")
+    model_before = load_model(output)
+    line = one_error_line(train(CONFIG, output, *RUN, "auto_resume=false", "max_steps=8", check=False), output)
+    assert "would delete or shadow them" in line and "archive_checkpoints=True" in line and "resume=PATH" in line
+    assert list_checkpoints(output) == [step_dir(output, s) for s in (4, 8, 12)]
+    assert all(torch.equal(v, load_model(output)[k]) for k, v in model_before.items())  # model.pt untouched
+    proc = train(CONFIG, output, *RUN, "auto_resume=false", "max_steps=8", "archive_checkpoints=true")
+    archived = [p for p in output.iterdir() if p.name.startswith("archive_")]
+    assert len(archived) == 1 and sorted(p.name for p in archived[0].iterdir()) == [
+        "model.json", "model.pt", "step_000000004", "step_000000008", "step_000000012"], proc.stdout[-2000:]
+    assert list_checkpoints(output) == [step_dir(output, s) for s in (4, 8)]  # the new run's, rotated alone
+
+
+def test_resume_from_an_older_checkpoint_archives_or_refuses_the_newer_ones(first_run, tmp_path):
+    output = copy_run(first_run, tmp_path / "run")
+    line = one_error_line(train(CONFIG, output, *RUN, f"resume={step_dir(output, 4)}", check=False), output)
+    assert "step_000000008, step_000000012" in line
+    proc = train(CONFIG, output, *RUN, f"resume={step_dir(output, 4)}", "archive_checkpoints=true")
+    assert "resumed from" in proc.stdout and "at step 4" in proc.stdout
+    archived = [p for p in output.iterdir() if p.name.startswith("archive_")]
+    assert sorted(p.name for p in archived[0].iterdir()) == ["model.json", "model.pt", "step_000000008",
+                                                             "step_000000012"]
+    assert [p.name for p in list_checkpoints(output)] == ["step_000000004", "step_000000008", "step_000000012"]
+
+
+# ------------------------------------------------------------------------------------------------ one line
+@pytest.fixture(scope="module")
+def small_faces(tmp_path_factory) -> Path:
+    return faces(tmp_path_factory.mktemp("faces") / "faces")
+
+
+@pytest.mark.parametrize("setting,message", [
+    ("num_classes=4", "has 8 identity folders but num_classes=4"),
+    ("num_image=40", "num_image = 40 in the config, but the dataset"),
+    ("network=r51", "unknown backbone 'r51' (did you mean 'r50'?)"),
+])
+def test_mistakes_found_while_building_are_one_line(small_faces, tmp_path, setting, message):
+    output = tmp_path / "run"
+    line = one_error_line(train(CONFIG, output, f"rec={small_faces}", "num_classes=8", "num_image=32",
+                                "batch_size=4", "val_targets=", setting, check=False), output)
+    assert message in line, line
+
+
+def test_a_bad_init_backbone_file_is_one_line(tmp_path):
+    weights = tmp_path / "model.pt"
+    torch.save({"conv1.weight": torch.zeros(3)}, weights)
+    line = one_error_line(train(CONFIG, tmp_path / "run", f"init_backbone={weights}", check=False), tmp_path / "run")
+    assert f"{weights} does not match network tiny" in line
+
+
+def test_num_classes_and_num_image_come_from_the_dataset(small_faces, tmp_path):
+    proc = train(CONFIG, tmp_path / "run", f"rec={small_faces}", "num_classes=none", "num_image=none",
+                 "batch_size=4", "max_steps=2", "val_targets=")
+    assert f"from the dataset {small_faces}: num_classes = 8, num_image = 32" in proc.stdout
+
+
+FULL_DISK = """\
+import errno, os, sys
+sys.path.insert(0, {root!r})
+_open = open
+def full(path, *args, **kwargs):
+    if "step_000000008.tmp" in os.fspath(path) and "w" in (args[0] if args else kwargs.get("mode", "r")):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.fspath(path))
+    return _open(path, *args, **kwargs)
+import builtins
+builtins.open = full
+import train
+sys.exit(train.main())
+"""
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, nproc):
+    output = tmp_path / "run"
+    script = tmp_path / "full_disk.py"
+    script.write_text(FULL_DISK.format(root=str(ROOT)))
+    args = [str(script), CONFIG, "--set", f"output={output}", *RUN]
+    cmd = [sys.executable, *args] if nproc == 1 else [*torchrun_command(nproc), *args]
+    proc = subprocess.run(cmd, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=200)
+    text = proc.stdout + proc.stderr
+    # torchrun prints its own failure summary; no traceback of ours.
+    assert proc.returncode != 0 and 'train.py", line' not in text and 'full_disk.py", line' not in text, text[-3000:]
+    hits = [line for line in text.splitlines() if "checkpoint step 8 was not written" in line]
+    assert len(hits) == 1, text[-3000:]  # once, also with two ranks
+    assert errno.errorcode[errno.ENOSPC] in hits[0] or "No space left on device" in hits[0]
+    assert "MB are free in" in hits[0] and f"the previous checkpoint {step_dir(output, 4)} is intact" in hits[0]
+    assert find_latest(output) == step_dir(output, 4) and not list((output / "checkpoints").glob("*.tmp"))
+    if nproc == 1:
+        one_error_line(proc, output)
