@@ -13,7 +13,7 @@ from torchvision.io import encode_jpeg
 
 from tests.helpers import ROOT
 from eval import verify
-from eval.verification import _read_pickle, load_bin, save_bin
+from eval.verification import load_bin, save_bin, unpickle_bin
 from scripts import make_bin
 
 pytest.importorskip("backbones")
@@ -131,7 +131,7 @@ def test_make_bin_round_trip(tmp_path):
     assert make_bin.main(["--pairs", str(tmp_path / "pairs.txt"), "--out", str(tmp_path / "out.bin")]) == 0
     images, issame = load_bin(tmp_path / "out.bin")
     assert issame == [True, False] and images.shape == (4, 3, 112, 112)
-    stored, _ = _read_pickle(tmp_path / "out.bin")  # the files' bytes, unchanged and in pair order
+    stored, _ = unpickle_bin(tmp_path / "out.bin")  # the files' bytes, unchanged and in pair order
     assert stored == [(tmp_path / "imgs" / f"{i}.jpg").read_bytes() for i in range(4)]
 
     (tmp_path / "bad.txt").write_text("imgs/0.jpg imgs/1.jpg 1\nimgs/2.jpg imgs/9.jpg 0\n")
