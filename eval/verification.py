@@ -20,6 +20,7 @@ from torch import nn
 
 from dataset.images import normalise
 from dataset.verification_set import BadBinError, BinData, RefusedGlobal, load_bin, save_bin, unpickle_bin
+from eval.model_source import device_of
 
 __all__ = ["BinData", "BadBinError", "RefusedGlobal", "load_bin", "save_bin", "unpickle_bin", "evaluate",
            "calculate_roc", "calculate_val", "embed", "test", "format_table"]
@@ -153,14 +154,6 @@ def evaluate(embeddings: np.ndarray, actual_issame: Sequence[bool], nrof_folds: 
     return tpr, fpr, accuracy, val, val_std, far
 
 
-def _device_of(module: nn.Module) -> torch.device:
-    """The device of the module's first parameter or buffer; the CPU for a module that has none
-    (e.g. a wrapper around an ONNX Runtime session)."""
-    for tensor in (*module.parameters(), *module.buffers()):
-        return tensor.device
-    return torch.device("cpu")
-
-
 def embed(images: torch.Tensor, backbone: nn.Module, batch_size: int,
           progress: Callable[[int], None] | None = None, flip: bool = False) -> np.ndarray:
     """Embeddings (N, D) float64 of uint8 ``images`` (N, 3, H, W), batch by batch.
@@ -172,7 +165,7 @@ def embed(images: torch.Tensor, backbone: nn.Module, batch_size: int,
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    device = _device_of(backbone)
+    device = device_of(backbone)
     out: np.ndarray | None = None
     for start in range(0, images.shape[0], batch_size):
         batch = images[start:start + batch_size].to(device, non_blocking=True)  # (B, 3, H, W) uint8
