@@ -1,10 +1,10 @@
-"""Resident memory of ``eval.verification.load_bin`` against one uint8 copy of the images.
+"""Resident memory of ``dataset.verification_set.load_bin`` against one uint8 copy of the images.
 
     python bench/bin_memory.py [--images N] [--bin PATH] [--json PATH]
 
 Without ``--bin``, writes a temporary `.bin` of ``N`` synthetic 112x112 JPEGs first (smooth random
 content, quality 90: a few KB each, like the aligned faces of LFW/CFP-FP/AgeDB-30) with
-``eval.verification.save_bin``. The measurement runs in a fresh spawned process, so that heap freed
+``dataset.verification_set.save_bin``. The measurement runs in a fresh spawned process, so that heap freed
 while the file was generated cannot be reused by ``load_bin`` unseen: it imports everything and loads a
 2-pair file once (decoder libraries, allocator pools), returns freed heap to the OS (glibc
 ``malloc_trim``), reads its resident set, calls ``load_bin`` on the file and reads the resident set again
@@ -50,7 +50,7 @@ def synthetic_jpegs(num_images: int, seed: int = 0, quality: int = 90) -> list[b
 
 def write_synthetic_bin(path: Path, num_images: int) -> None:
     """A `.bin` of ``num_images`` (even) synthetic JPEGs, pairs alternately same and different."""
-    from eval.verification import save_bin
+    from dataset.verification_set import save_bin
 
     save_bin(path, synthetic_jpegs(num_images), [i % 2 == 0 for i in range(num_images // 2)])
 
@@ -67,7 +67,7 @@ def _malloc_trim() -> None:
 def measure(path: str, warmup_path: str) -> dict[str, Any]:
     """Run in a fresh process: resident-set growth and peak of ``load_bin(path)``."""
     torch.set_num_threads(1)
-    from eval.verification import load_bin
+    from dataset.verification_set import load_bin
 
     load_bin(warmup_path)  # first use of the decoders and allocator pools is not load_bin's cost
     gc.collect()
@@ -121,9 +121,9 @@ def main(argv: list[str] | None = None) -> int:
             write_synthetic_bin(path, args.images)
         elif not path.is_file():
             parser.error(f"--bin {path}: file not found")
-        from eval.verification import _read_pickle
+        from dataset.verification_set import unpickle_bin
 
-        num_images = args.images if args.bin is None else len(_read_pickle(path)[0])
+        num_images = args.images if args.bin is None else len(unpickle_bin(path)[0])
         result = run(path, num_images)
     result["bin"] = str(args.bin) if args.bin else "generated"
     mib = 2 ** 20

@@ -24,7 +24,6 @@ from typing import Any, Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
@@ -34,29 +33,15 @@ NUM_CLASSES = 50  # of a generated rec
 
 
 def synthetic_items(num_images: int, seed: int = 0) -> Iterator[tuple[int, bytes]]:
-    """``(label, 112x112 JPEG quality 90)`` grouped by ascending label: rendered faces from
-    ``utils.synthetic`` when it imports, else random smooth images."""
-    per_class = -(-num_images // NUM_CLASSES)
-    try:
-        from utils.synthetic import encode_jpeg, identity_params, render_sample
-    except ImportError:
-        render = None
-    else:
-        def render(label: int, index: int) -> bytes:
-            img, _ = render_sample(seed, "train", identity_params(seed, label), label, index)
-            return encode_jpeg(img, 90)
-    from PIL import Image
+    """``(label, 112x112 JPEG quality 90)`` grouped by ascending label: rendered synthetic faces
+    (``dataset.synthetic_faces``)."""
+    from dataset.synthetic_faces import encode_jpeg, identity_params, render_sample
 
-    rng = np.random.default_rng(seed)
+    per_class = -(-num_images // NUM_CLASSES)
     for n in range(num_images):
         label, index = divmod(n, per_class)
-        if render is not None:
-            yield label, render(label, index)
-            continue
-        small = rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)  # upsampled: smooth, JPEG-like content
-        buf = io.BytesIO()
-        Image.fromarray(small).resize((112, 112), Image.BILINEAR).save(buf, format="JPEG", quality=90)
-        yield label, buf.getvalue()
+        img, _ = render_sample(seed, "train", identity_params(seed, label), label, index)
+        yield label, encode_jpeg(img, 90)
 
 
 class BaselineDataset(Dataset):
@@ -140,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench_loader_") as tmp:
         rec_dir = Path(args.rec) if args.rec else Path(tmp)
         if not args.rec:
-            from utils.recordio import write_insightface_rec
+            from dataset.recordio import write_insightface_rec
 
             write_insightface_rec(rec_dir, synthetic_items(max(args.images, 2 * args.batch_size)), NUM_CLASSES)
         result = run(rec_dir, args.workers, args.batch_size, args.images)

@@ -15,7 +15,8 @@ from typing import Any, Protocol, Sequence
 import torch
 from torch import nn
 
-from eval.verification import BinData, format_table, load_bin, test
+from dataset.verification_set import BinData, load_bin
+from eval.verification import format_table, test
 from utils.distributed import barrier, broadcast_ints, get_rank
 
 logger = logging.getLogger(__name__)

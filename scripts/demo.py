@@ -21,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+
 def run(cmd: list[str], what: str) -> None:
     """Run a step of the demo, streaming its output; stop the demo with its exit code if it fails."""
     print(f"\n=== {what}\n$ {' '.join(cmd)}", flush=True)
@@ -30,15 +31,11 @@ def run(cmd: list[str], what: str) -> None:
         raise SystemExit(proc.returncode)
 
 
-def verify_command(cfg, targets: list[str], source: list[str], json_path: Path, roc: Path | None) -> list[str]:
-    cmd = [sys.executable, "-m", "eval.verify", "--network", cfg.network, "--embedding-size", str(cfg.embedding_size),
-           "--data-dir", str(cfg.rec), "--targets", ",".join(targets), "--device", "cpu", "--json", str(json_path),
-           *source]
-    for key, value in dict(cfg.network_kwargs).items():
-        cmd += ["--model-arg", f"{key}={list(value) if isinstance(value, tuple) else value!r}"]
-    if roc is not None:
-        cmd += ["--roc", str(roc)]
-    return cmd
+def verify_command(cfg, targets: list[str], model: list[str], json_path: Path, roc: Path | None) -> list[str]:
+    """``python -m eval.verify`` on the config's verification sets with the model options ``model``."""
+    cmd = [sys.executable, "-m", "eval.verify", *model, "--data-dir", str(cfg.rec), "--targets", ",".join(targets),
+           "--device", "cpu", "--json", str(json_path)]
+    return cmd + (["--roc", str(roc)] if roc is not None else [])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,10 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
          "train.py", args.config], f"2/3 training on {args.nproc} CPU ranks")
     trained_json, untrained_json, roc = output / "verify_trained.json", output / "verify_untrained.json", output / "roc.png"
+    # The network is read from the model.json the trainer wrote beside model.pt.
     run(verify_command(cfg, targets, ["--weights", str(output / "model.pt")], trained_json, roc),
         "3/3 verification of the trained backbone")
     # The trainer seeds torch with cfg.seed before building the backbone: the same network, untrained.
-    run(verify_command(cfg, targets, ["--random-init", str(cfg.seed)], untrained_json, None),
+    untrained_model = ["--network", cfg.network, "--network-kwargs", json.dumps(dict(cfg.network_kwargs)),
+                       "--embedding-size", str(cfg.embedding_size), "--random-init", str(cfg.seed)]
+    run(verify_command(cfg, targets, untrained_model, untrained_json, None),
         "    verification of the same backbone untrained (baseline)")
 
     trained, untrained = json.loads(trained_json.read_text()), json.loads(untrained_json.read_text())

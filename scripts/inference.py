@@ -1,14 +1,18 @@
 """Compute the embedding of one aligned face image (112x112; other sizes are resized).
 
-    python scripts/inference.py --network r50 --weights model.pt --image face.jpg [--output emb.npy]
+    python scripts/inference.py --weights work_dirs/ms1mv3_r50/model.pt --image face.jpg [--output emb.npy]
+    python scripts/inference.py --network r50 --weights backbone.pth --image face.jpg
 
-Prints the L2-normalised embedding's size and first values, and its norm before normalisation; --output
-saves the raw embedding as a .npy file.
+The model options are those of every evaluation tool (``eval.model_source``): without ``--network`` the
+network is read from ``model.json`` beside ``--weights``. Prints the L2-normalised embedding's size and
+first values, and its norm before normalisation; --output saves the raw embedding as a .npy file.
+
+Exit status: 0 done; 2 a usage or configuration error (a missing or undecodable image, no ``--network`` and
+no ``model.json``, weights that do not fit the network), one line.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -17,50 +21,39 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from dataset.images import decode, normalise, resize  # noqa: E402
+from eval.model_source import INPUT_SIZE, add_model_options, build_backbone, check_model_options  # noqa: E402
 
-def read_face(path: str | Path, image_size: int = 112) -> torch.Tensor:
-    """The image at ``path`` as a (1, 3, S, S) float tensor normalised to [-1, 1] (RGB)."""
-    from torchvision.io import ImageReadMode, decode_image
-    from torchvision.transforms.functional import resize
 
+def read_face(path: str | Path, image_size: tuple[int, int] = INPUT_SIZE) -> torch.Tensor:
+    """The image at ``path`` as a uint8 (1, 3, H, W) RGB tensor, resized to ``image_size`` when it differs."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"image not found: {path}")
-    data = torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8)
-    try:
-        image = decode_image(data, mode=ImageReadMode.RGB)  # (3, H, W) uint8
-    except RuntimeError as exc:
-        raise ValueError(f"{path}: not a decodable JPEG/PNG image ({exc})") from exc
-    if image.shape[1:] != (image_size, image_size):
-        image = resize(image, [image_size, image_size], antialias=True)
-    return ((image.float() - 127.5) / 127.5).unsqueeze(0)
+    image = decode(path.read_bytes(), str(path))  # (3, h, w) uint8
+    if tuple(image.shape[1:]) != tuple(image_size):
+        image = resize(image, image_size)  # (3, H, W)
+    return image.unsqueeze(0)
 
 
 @torch.no_grad()
-def embed(model: torch.nn.Module, image: torch.Tensor) -> np.ndarray:
-    """The raw (unnormalised) embedding of a (1, 3, S, S) image as a (D,) array."""
-    return model.eval()(image)[0].numpy()
+def embed(model: torch.nn.Module, image: torch.Tensor, device: str = "cpu") -> np.ndarray:
+    """The raw (unnormalised) embedding of a uint8 (1, 3, H, W) image as a (D,) array."""
+    return model.eval()(normalise(image.to(device)))[0].float().cpu().numpy()  # (D,)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--network", required=True)
-    parser.add_argument("--weights", required=True)
-    parser.add_argument("--image", required=True)
-    parser.add_argument("--embedding-size", type=int, default=512)
-    parser.add_argument("--network-kwargs", default="{}", help="JSON of extra backbone arguments")
-    parser.add_argument("--output", help="save the raw embedding here (.npy)")
+    add_model_options(parser, onnx=False, random_init=False)
+    parser.add_argument("--image", required=True, type=Path)
+    parser.add_argument("--output", type=Path, help="save the raw embedding here (.npy)")
     args = parser.parse_args(argv)
-
-    from backbones import get_model
-    from utils.files import load_weights
-
+    check_model_options(parser, args)
     try:
-        model = get_model(args.network, num_features=args.embedding_size, **json.loads(args.network_kwargs))
-        load_weights(model, args.weights, network=args.network)
-        embedding = embed(model, read_face(args.image))
-    except (ValueError, FileNotFoundError, TypeError) as exc:
-        print(f"inference: {exc}", file=sys.stderr)
+        model = build_backbone(args)
+        embedding = embed(model, read_face(args.image), args.device)
+    except (ValueError, FileNotFoundError) as exc:
+        print("inference: error: " + " ".join(str(exc).split()), file=sys.stderr)
         return 2
     norm = float(np.linalg.norm(embedding))
     shown = ", ".join(f"{v:.4f}" for v in embedding[:8] / max(norm, 1e-12))

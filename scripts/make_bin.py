@@ -24,8 +24,8 @@ from typing import Sequence  # noqa: E402
 
 from tqdm import tqdm  # noqa: E402
 
-from dataset import decode  # noqa: E402
-from eval.verification import save_bin  # noqa: E402
+from dataset.images import decode  # noqa: E402
+from dataset.verification_set import save_bin  # noqa: E402
 
 
 def read_pairs(pairs_file: Path, root: Path) -> list[tuple[Path, Path, bool]]:

@@ -40,8 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tqdm import tqdm  # noqa: E402
 
-from dataset import IMAGE_EXTENSIONS, decode  # noqa: E402
-from utils.recordio import write_insightface_rec  # noqa: E402
+from dataset.images import IMAGE_EXTENSIONS, decode  # noqa: E402
+from dataset.recordio import write_insightface_rec  # noqa: E402
 
 OUTPUT_FILES = ("train.rec", "train.idx", "property")
 

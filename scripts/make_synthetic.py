@@ -5,7 +5,7 @@
 
 writes ``train.rec``/``train.idx``/``property`` (insightface layout), ``syn_easy.bin`` and ``syn_hard.bin``
 (verification pairs from identities disjoint from the training ones) and ``synthetic.json`` (written last).
-A second run with the same parameters finds the stamp and does nothing. See ``utils/synthetic.py``.
+A second run with the same parameters finds the stamp and does nothing. See ``dataset/synthetic_faces.py``.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import logging  # noqa: E402
 import os  # noqa: E402
 import time  # noqa: E402
 
-from utils import synthetic  # noqa: E402
+from dataset import synthetic_faces  # noqa: E402
 
 logger = logging.getLogger("make_synthetic")
 
@@ -43,11 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
     start = time.perf_counter()
     try:
-        wrote = synthetic.write_dataset(args.out, num_classes=args.num_classes,
-                                        images_per_class=args.images_per_class, pairs=args.pairs,
-                                        seed=args.seed, workers=args.workers, progress=True)
+        wrote = synthetic_faces.write_dataset(args.out, num_classes=args.num_classes,
+                                              images_per_class=args.images_per_class, pairs=args.pairs,
+                                              seed=args.seed, workers=args.workers, progress=True)
         if args.preview:
-            synthetic.preview_grid(args.preview, seed=args.seed)
+            synthetic_faces.preview_grid(args.preview, seed=args.seed)
             logger.info("preview written to %s", args.preview)
     except ValueError as exc:
         print(f"make_synthetic: error: {exc}", file=sys.stderr)
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         logger.info("synthetic dataset written to %s in %.1f s", args.out, time.perf_counter() - start)
     else:
         logger.info("%s already holds a complete dataset with these parameters (%s); skipped", args.out,
-                    synthetic.STAMP_NAME)
+                    synthetic_faces.STAMP_NAME)
     return 0
 
 

@@ -14,64 +14,29 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-from dataset import _read_property, class_of, decode, detect_layout  # noqa: E402
-from utils.recordio import IndexedRecordIO, RecordIOError, unpack  # noqa: E402
+from dataset.recordio import check_records, open_rec_folder  # noqa: E402
 
 
 def rec_info(root: Path, check: bool = False, image_size: tuple[int, int] | None = None) -> dict:
     """``{"layout", "images", "num_classes", "classes_seen", "empty_classes", "problems": [str, ...]}`` of
-    ``root``; ``classes_seen`` and ``empty_classes`` (ids below num_classes without an image) need ``check``."""
-    rec_path, idx_path = root / "train.rec", root / "train.idx"
-    problems: list[str] = []
-    with IndexedRecordIO(idx_path, rec_path, "r") as rec:
-        past = dict(rec.offsets_past_end())
-        problems += [f"{rec_path} (key {k}): index offset {o} is past the end of the file "
-                     f"({rec_path.stat().st_size} bytes)" for k, o in past.items()]
-        try:
-            layout, keys, header_classes = detect_layout(rec)
-        except (RecordIOError, ValueError) as exc:
-            problems.append(f"header record (key 0): {exc}")
-            layout, keys, header_classes = "im2rec", rec.key_array[rec.key_array != 0], None
-        prop = _read_property(root / "property")
-        num_classes = prop[0] if prop else header_classes
-        size = image_size or (prop[1] if prop else None)
-        if prop and header_classes is not None and prop[0] != header_classes:
-            problems.append(f"{root / 'property'} says {prop[0]} classes, the header record {header_classes}")
-        labels: Counter[int] = Counter()
-        if check:
-            # Every record, not only the images: the header and class-range records can be damaged too.
-            all_keys = rec.key_array
-            is_image = np.isin(all_keys, keys)
-            for key, image_record in tqdm(zip(all_keys.tolist(), is_image.tolist()), total=len(all_keys),
-                                          desc="rec_info", unit="rec"):
-                if key in past:
-                    continue
-                where = f"{rec_path} (key {key})"
-                try:
-                    payload = rec.read_idx(key)
-                    if not image_record:
-                        continue
-                    header, image = unpack(payload)
-                    label = class_of(header.label, where)
-                    labels[label] += 1
-                    if num_classes is not None and label >= num_classes:
-                        problems.append(f"{where}: label {label} is out of range for num_classes={num_classes}")
-                    img = decode(image, where)  # (3, H, W)
-                    if size is not None and tuple(img.shape[1:]) != tuple(size):
-                        problems.append(f"{where}: image is {img.shape[1]}x{img.shape[2]}, expected "
-                                        f"{size[0]}x{size[1]}")
-                except (RecordIOError, ValueError, KeyError) as exc:
-                    problems.append(str(exc))
-    empty = [c for c in range(num_classes) if not labels[c]] if check and num_classes is not None else None
-    return {"layout": layout, "images": len(keys), "num_classes": num_classes,
+    ``root``; ``classes_seen`` and ``empty_classes`` (ids below num_classes without an image) need ``check``.
+
+    The checks are the dataset's own (``dataset.recordio``): the open-time ones always, every record with
+    ``check``; each problem is listed instead of raised.
+    """
+    # With check every record is read, the last one included: the open-time read of it would say it twice.
+    folder = open_rec_folder(root, read_last=not check)
+    with folder.rec:
+        problems = [str(p) for p in folder.problems]
+        labels, bad = check_records(folder, image_size) if check else ({}, [])
+    problems += [str(p) for p in bad]
+    num_classes = folder.num_classes
+    empty = [c for c in range(num_classes) if not labels.get(c)] if check and num_classes is not None else None
+    return {"layout": folder.layout, "images": len(folder.image_keys), "num_classes": num_classes,
             "classes_seen": len(labels) if check else None, "empty_classes": empty, "problems": problems}
 
 
@@ -85,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as exc:
         print(f"rec_info: error: {exc}", file=sys.stderr)
         return 2
-    except (RecordIOError, ValueError) as exc:  # the files are there but are not a readable rec
+    except ValueError as exc:  # the files are there but the index is not one (RecordIOError)
         print(f"rec_info: error: {exc}", file=sys.stderr)
         return 1
     print(f"{args.root}: {info['layout']} layout, {info['images']} images, "

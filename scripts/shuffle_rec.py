@@ -18,8 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from dataset import detect_layout  # noqa: E402
-from utils.recordio import IndexedRecordIO, RecordIOError  # noqa: E402
+from dataset.recordio import IndexedRecordIO, RecordIOError, detect_layout  # noqa: E402
 
 
 def shuffle_rec(src: Path, dst: Path, seed: int = 0) -> int:

@@ -12,8 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tqdm import tqdm  # noqa: E402
 
-from dataset import class_of, detect_layout  # noqa: E402
-from utils.recordio import IndexedRecordIO, RecordIOError, unpack  # noqa: E402
+from dataset.recordio import IndexedRecordIO, RecordIOError, class_of, detect_layout, unpack  # noqa: E402
 
 
 def unpack_rec(src: Path, out: Path) -> int:

@@ -144,7 +144,7 @@ def test_cuda_prefetch_loader_gives_the_cpu_batches():
 def test_dali_reads_a_rec_when_installed(tmp_path):
     pytest.importorskip("nvidia.dali", reason="nvidia-dali is not installed (optional: pip install nvidia-dali-cuda120)")
     from dataset import get_dali_dataloader
-    from utils.recordio import IRHeader, IndexedRecordIO, pack
+    from dataset.recordio import IRHeader, IndexedRecordIO, pack
     from torchvision.io import encode_jpeg
 
     with IndexedRecordIO(tmp_path / "train.idx", tmp_path / "train.rec", "w") as rec:

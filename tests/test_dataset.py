@@ -1,4 +1,4 @@
-"""dataset.py: fixture reading, label checks, errors, sampler coverage/resumption, loader with workers."""
+"""The dataset package: fixture reading, label checks, errors, sampler coverage/resumption, loader with workers."""
 from __future__ import annotations
 
 import hashlib
@@ -13,7 +13,7 @@ from PIL import Image
 
 from dataset import (FaceSampler, ImageFolderDataset, MXFaceDataset, SyntheticDataset, build_dataset,
                      get_dataloader)
-from utils.recordio import IndexedRecordIO, IRHeader, RecordIOError, pack
+from dataset.recordio import IndexedRecordIO, IRHeader, RecordIOError, pack
 
 LAYOUTS = ["rec_insightface", "rec_insightface_vector_label", "rec_im2rec"]
 
@@ -196,3 +196,27 @@ def test_dali_requested_without_dali_is_one_clear_error(tmp_path):
         pytest.skip("nvidia.dali is installed here")
     with pytest.raises(RuntimeError, match=r"nvidia\.dali is not installed"):
         get_dali_dataloader(tmp_path, 8, rank=0, world_size=1, seed=0, device="cpu")
+
+
+def test_every_public_name_of_the_former_module_is_kept():
+    """``dataset`` was one module; what users and train.py import from it still imports."""
+    import dataset
+
+    for name in ("MXFaceDataset", "ImageFolderDataset", "SyntheticDataset", "build_dataset", "FaceSampler",
+                 "FaceDataLoader", "get_dataloader", "DaliLoader", "get_dali_dataloader", "decode", "normalise",
+                 "detect_layout", "class_of", "IMAGE_EXTENSIONS", "Transform"):
+        assert name in dataset.__all__ and getattr(dataset, name) is not None, name
+    assert dataset.MXFaceDataset is dataset.faces.MXFaceDataset and dataset.normalise is dataset.images.normalise
+
+
+def test_the_one_normalisation():
+    from dataset.images import NORMALISATION, normalise
+    from utils.checkpoint import NORMALISATION as WRITTEN_BY_THE_TRAINER
+
+    images = torch.tensor([0, 1, 127, 128, 254, 255], dtype=torch.uint8).view(1, 1, 2, 3).expand(2, 3, 2, 3)
+    out = normalise(images)
+    assert out.dtype == torch.float32 and out.shape == (2, 3, 2, 3) and images.dtype == torch.uint8
+    assert torch.equal(out, (images.float() - 127.5) / 127.5) and out.min() == -1 and out.max() == 1
+    with pytest.raises(ValueError, match="normalise expects uint8 images"):
+        normalise(out)  # already normalised: refused, not shifted twice
+    assert NORMALISATION == WRITTEN_BY_THE_TRAINER  # what model.json promises is what the tools feed

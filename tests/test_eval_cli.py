@@ -6,20 +6,22 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
-from torchvision.io import encode_jpeg
+from torchvision.io import encode_jpeg, encode_png
 
 from tests.helpers import ROOT
 from eval import verify
-from eval.verification import _read_pickle, load_bin, save_bin
+from eval.verification import load_bin, save_bin, unpickle_bin
 from scripts import make_bin
 
 pytest.importorskip("backbones")
-from backbones import get_model  # noqa: E402
+from backbones import get_model, list_models  # noqa: E402
 
-MODEL_ARGS = ["--network", "tiny", "--embedding-size", "16", "--model-arg", "widths=[4,8,8,16]"]
+TINY = {"widths": [4, 8, 8, 16]}
+MODEL_ARGS = ["--network", "tiny", "--embedding-size", "16", "--network-kwargs", json.dumps(TINY)]
 PAIRS = 40
 
 
@@ -101,7 +103,7 @@ def test_trained_network_beats_untrained_baseline(trained, capsys):
 def test_mismatched_weights_exit_with_one_line(trained):
     # A real process: the exit status and the whole of stderr are what a user sees.
     cmd = [sys.executable, "-m", "eval.verify", "--network", "tiny", "--embedding-size", "16",
-           "--model-arg", "widths=[4,8,8,32]", "--weights", str(trained / "model.pt"),
+           "--network-kwargs", '{"widths": [4, 8, 8, 32]}', "--weights", str(trained / "model.pt"),
            "--data-dir", str(trained), "--targets", "synth"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=50)
     assert proc.returncode != 0
@@ -131,7 +133,7 @@ def test_make_bin_round_trip(tmp_path):
     assert make_bin.main(["--pairs", str(tmp_path / "pairs.txt"), "--out", str(tmp_path / "out.bin")]) == 0
     images, issame = load_bin(tmp_path / "out.bin")
     assert issame == [True, False] and images.shape == (4, 3, 112, 112)
-    stored, _ = _read_pickle(tmp_path / "out.bin")  # the files' bytes, unchanged and in pair order
+    stored, _ = unpickle_bin(tmp_path / "out.bin")  # the files' bytes, unchanged and in pair order
     assert stored == [(tmp_path / "imgs" / f"{i}.jpg").read_bytes() for i in range(4)]
 
     (tmp_path / "bad.txt").write_text("imgs/0.jpg imgs/1.jpg 1\nimgs/2.jpg imgs/9.jpg 0\n")
@@ -232,3 +234,175 @@ def test_make_bin_file_mode_follows_the_umask(tmp_path):
     mode = (tmp_path / "set.bin").stat().st_mode & 0o777
     assert mode == 0o640 == (tmp_path / "plain").stat().st_mode & 0o777, oct(mode)
     assert load_bin(tmp_path / "set.bin").issame == [True]
+
+
+# ---------------------------------------------------------------------------------------- model options
+# eval.verify, eval.ijb, scripts/torch2onnx.py and scripts/inference.py take the same model options and read
+# model.json beside --weights when --network is not given.
+
+@pytest.fixture(scope="module")
+def carded(trained):
+    """``trained``'s weights in a folder of their own, with the model.json the trainer writes beside them."""
+    from utils.checkpoint import MODEL_CARD, model_card
+
+    folder = trained / "run"
+    folder.mkdir()
+    (folder / "model.pt").write_bytes((trained / "model.pt").read_bytes())
+    card = model_card({"network": "tiny", "network_kwargs": TINY, "embedding_size": 16}, "0" * 16, 25)
+    (folder / MODEL_CARD).write_text(json.dumps(card))
+    return folder
+
+
+def _tools(trained, tmp_path):
+    """Each tool's ``main`` and the arguments it needs besides the model options (ijb and inference fail or
+    finish after the model is built; the model errors tested here come first)."""
+    from eval import ijb
+    from scripts import inference, torch2onnx
+
+    image = tmp_path / "face.jpg"
+    image.write_bytes(encode_jpeg(torch.full((3, 112, 112), 128, dtype=torch.uint8)).numpy().tobytes())
+    return {
+        "eval.verify": (verify.main, ["--data-dir", str(trained), "--targets", "synth", "--device", "cpu"]),
+        "eval.ijb": (ijb.main, ["--data-dir", str(tmp_path / "ijb"), "--device", "cpu"]),
+        "torch2onnx": (torch2onnx.main, ["--output", str(tmp_path / "x.onnx")]),
+        "inference": (inference.main, ["--image", str(image), "--device", "cpu"]),
+    }
+
+
+TOOLS = ["eval.verify", "eval.ijb", "torch2onnx", "inference"]
+
+
+@pytest.mark.timeout(120)
+def test_verify_reads_model_json_when_network_is_not_given(trained, carded, tmp_path):
+    """As a user types it: the trained run's model.pt alone, and the same numbers as with every flag."""
+    common = ["--data-dir", str(trained), "--targets", "synth", "--device", "cpu", "--batch-size", "40"]
+    for name, model in (("card", ["--weights", str(carded / "model.pt")]),
+                        ("flags", [*MODEL_ARGS, "--weights", str(trained / "model.pt")])):
+        proc = subprocess.run([sys.executable, "-m", "eval.verify", *model, *common, "--json", str(tmp_path / name)],
+                              cwd=ROOT, capture_output=True, text=True, timeout=100)
+        assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "card").read_text()) == json.loads((tmp_path / "flags").read_text())
+
+
+@pytest.mark.timeout(60)
+def test_no_model_json_and_no_network_is_one_line_saying_what_to_pass(trained):
+    proc = subprocess.run([sys.executable, "-m", "eval.verify", "--weights", str(trained / "model.pt"),
+                           "--data-dir", str(trained), "--targets", "synth", "--device", "cpu"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=50)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"eval.verify: error: --network is required: {trained / 'model.json'} does not exist (the trainer writes it "
+        f"beside model.pt); pass --network, --network-kwargs and --embedding-size as in the training config, "
+        f"e.g. --network r50"], proc.stderr
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("tool", TOOLS)
+def test_every_tool_reads_model_json_and_says_what_to_pass(tool, trained, carded, tmp_path, capsys):
+    main, rest = _tools(trained, tmp_path)[tool]
+    wrong = ["--network", "tiny", "--embedding-size", "16", "--network-kwargs", '{"widths": [4, 8, 8, 32]}']
+
+    def run(*model: str) -> tuple[int, list[str]]:
+        rc = main([*model, *rest])
+        return rc, capsys.readouterr().err.strip().splitlines()
+
+    # No --network and no model.json.
+    rc, err = run("--weights", str(trained / "model.pt"))
+    assert rc == 2 and len(err) == 1 and "--network is required" in err[0] and str(trained / "model.json") in err[0]
+    # Flags that do not fit, with a model.json beside the weights: it names model.json's flags.
+    rc, err = run(*wrong, "--weights", str(carded / "model.pt"))
+    assert rc == 2 and len(err) == 1, err
+    assert "does not match network tiny" in err[0] and (
+        f"{carded / 'model.json'} says --network tiny --network-kwargs '{{\"widths\": [4, 8, 8, 16]}}' "
+        f"--embedding-size 16: leave out --network, --network-kwargs and --embedding-size to use it") in err[0]
+    # Flags that do not fit and no model.json: what to pass, and the size of the file's embeddings.
+    rc, err = run(*wrong, "--weights", str(trained / "model.pt"))
+    assert rc == 2 and len(err) == 1 and err[0].endswith(
+        "pass --network, --network-kwargs and --embedding-size as in the training config (the file's embeddings are "
+        "16-dimensional)"), err
+    # A model.json that describes other weights: pass the flags.
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "model.pt").write_bytes((carded / "model.pt").read_bytes())
+    card = json.loads((carded / "model.json").read_text())
+    (other / "model.json").write_text(json.dumps({**card, "embedding_size": 8}))
+    rc, err = run("--weights", str(other / "model.pt"))
+    assert rc == 2 and len(err) == 1 and "does not match network tiny" in err[0] and (
+        f"{other / 'model.json'} says --network tiny --network-kwargs '{{\"widths\": [4, 8, 8, 16]}}' "
+        f"--embedding-size 8, which does not describe these weights: pass --network, --network-kwargs and "
+        f"--embedding-size as in the training config") in err[0], err
+    # The weights with their model.json: the model is built (ijb then stops at its missing data folder).
+    rc, err = run("--weights", str(carded / "model.pt"))
+    if tool == "eval.ijb":
+        assert rc == 2 and err == [f"eval.ijb: error: IJB protocol file not found: "
+                                   f"{tmp_path / 'ijb' / 'meta' / 'ijbc_face_tid_mid.txt'}"]
+    else:
+        assert rc == 0, err
+
+
+def test_inference_with_model_json_gives_the_network_s_embedding(trained, carded, tmp_path, capsys):
+    from scripts import inference
+    from utils.files import load_weights
+
+    g = torch.Generator().manual_seed(5)
+    face = torch.randint(0, 256, (3, 112, 112), dtype=torch.uint8, generator=g)
+    (tmp_path / "face.png").write_bytes(encode_png(face).numpy().tobytes())
+    assert inference.main(["--weights", str(carded / "model.pt"), "--image", str(tmp_path / "face.png"),
+                           "--device", "cpu", "--output", str(tmp_path / "emb.npy")]) == 0
+    net = load_weights(get_model("tiny", num_features=16, **TINY), trained / "model.pt").eval()
+    with torch.no_grad():
+        expected = net((face[None].float() - 127.5) / 127.5)[0].numpy()
+    np.testing.assert_array_equal(np.load(tmp_path / "emb.npy"), expected)
+    assert "embedding of size 16" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{not json", "not a readable model card"),
+    ('{"format": 1, "network": "tiny", "embedding_size": 16}', "no 'network_kwargs'"),
+    ('{"format": 1, "network": "tiny", "network_kwargs": [], "embedding_size": 16}',
+     "network_kwargs is []; expected a dict"),
+    ('{"format": 1, "network": "tiny", "network_kwargs": {}, "embedding_size": 16, "normalisation": "BGR, x / 255"}',
+     "normalisation 'BGR, x / 255'; these tools feed 'RGB, (x - 127.5) / 127.5'"),
+    ('{"format": 1, "network": "tiny", "network_kwargs": {}, "embedding_size": 16, "input_size": [96, 96]}',
+     "input_size [96, 96]; these tools feed 112x112 faces"),
+    ('{"format": 2, "network": "tiny", "network_kwargs": {}, "embedding_size": 16}',
+     "format 2 is not one this code reads"),
+])
+def test_a_bad_model_json_is_one_line_naming_it(trained, tmp_path, capsys, content, message):
+    (tmp_path / "model.pt").write_bytes((trained / "model.pt").read_bytes())
+    (tmp_path / "model.json").write_text(content)
+    rc, _, err = _run(capsys, "--weights", tmp_path / "model.pt", "--data-dir", trained, "--targets", "synth")
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1, err
+    assert lines[0].startswith(f"eval.verify: error: {tmp_path / 'model.json'}: {message}"), err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--network-kwargs", "[1, 2]"], "expected a JSON object"),
+    (["--network-kwargs", "{widths: 3}"], "expected a JSON object"),
+    (["--embedding-size", "16"], "pass --network too"),
+    (["--network", "tiny", "--random-init", "0", "--embedding-size", "0"], "--embedding-size must be >= 1"),
+])
+def test_model_options_refused_at_parse_time(trained, capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        verify.parse_args([*argv, *([] if "--random-init" in argv else ["--weights", str(trained / "model.pt")]),
+                           "--data-dir", str(trained)])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        verify.parse_args(["--random-init", "0", "--data-dir", str(trained)])  # no weights: no model.json to read
+    assert "--random-init needs --network" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_device_cuda_without_cuda_is_refused_at_parse_time(trained, capsys):
+    with pytest.raises(SystemExit) as exc:
+        verify.parse_args([*MODEL_ARGS, "--random-init", "0", "--data-dir", str(trained), "--device", "cuda"])
+    assert exc.value.code == 2 and "--device cuda: torch sees no CUDA device here" in capsys.readouterr().err
+
+
+def test_a_model_json_naming_an_unknown_network_names_the_file(trained, tmp_path, capsys):
+    (tmp_path / "model.pt").write_bytes((trained / "model.pt").read_bytes())
+    (tmp_path / "model.json").write_text('{"format": 1, "network": "tinny", "network_kwargs": {}, "embedding_size": 16}')
+    rc, _, err = _run(capsys, "--weights", tmp_path / "model.pt", "--data-dir", trained, "--targets", "synth")
+    assert rc == 2 and err.strip().splitlines() == [
+        f"eval.verify: error: {tmp_path / 'model.json'}: unknown backbone 'tinny' (did you mean 'tiny'?); valid names: "
+        + ", ".join(list_models())], err

@@ -1,4 +1,5 @@
-"""eval.ijb: five-point alignment, template aggregation and the 1:1 protocol on a generated mini IJB folder."""
+"""eval.ijb_protocol (five-point alignment, template aggregation, the 1:1 protocol) and the eval.ijb CLI on a
+generated mini IJB folder."""
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ import torch
 from torch import nn
 from torchvision.io import encode_png
 
-from eval import ijb
+from eval import ijb, ijb_protocol
 
 
 def _similarity(scale: float, angle: float, tx: float, ty: float) -> np.ndarray:
@@ -26,13 +27,13 @@ def test_similarity_transform_recovers_a_known_transform():
     rng = np.random.default_rng(0)
     src = rng.uniform(0, 100, size=(5, 2))
     truth = _similarity(1.7, 0.4, 12.0, -5.0)
-    np.testing.assert_allclose(ijb.similarity_transform(src, _apply(truth, src)), truth, atol=1e-9)
+    np.testing.assert_allclose(ijb_protocol.similarity_transform(src, _apply(truth, src)), truth, atol=1e-9)
     # Mirrored points: the best similarity is still a rotation (det > 0), never a reflection.
     mirrored = src * np.array([-1.0, 1.0])
-    m = ijb.similarity_transform(src, mirrored)
+    m = ijb_protocol.similarity_transform(src, mirrored)
     assert np.linalg.det(m[:, :2]) > 0
     with pytest.raises(ValueError, match=r"\(5, 2\) and \(4, 2\)"):
-        ijb.similarity_transform(src, src[:4])
+        ijb_protocol.similarity_transform(src, src[:4])
 
 
 def _face(identity: int, g: torch.Generator) -> torch.Tensor:
@@ -44,13 +45,13 @@ def _face(identity: int, g: torch.Generator) -> torch.Tensor:
 
 def _loose_crop(face: torch.Tensor, matrix: np.ndarray, size: tuple[int, int]) -> tuple[torch.Tensor, np.ndarray]:
     """``face`` placed into a larger image by the similarity ``matrix``; its landmarks there."""
-    return ijb.warp_affine(face, matrix, size), _apply(matrix, ijb.ARCFACE_TEMPLATE)
+    return ijb_protocol.warp_affine(face, matrix, size), _apply(matrix, ijb_protocol.ARCFACE_TEMPLATE)
 
 
 def test_alignment_undoes_the_placement_of_a_face():
     face = _face(0, torch.Generator().manual_seed(0))
     image, landmarks = _loose_crop(face, _similarity(1.3, 0.25, 40.0, 20.0), (200, 180))
-    aligned = ijb.align_face(image, landmarks)
+    aligned = ijb_protocol.align_face(image, landmarks)
     assert aligned.shape == (3, 112, 112)
     inner = (slice(None), slice(10, 102), slice(10, 102))  # away from the border, which resampling blurs
     assert (aligned[inner].float() - face[inner].float()).abs().mean() < 6
@@ -60,24 +61,24 @@ def test_template_features_average_media_then_sum():
     feats = np.array([[1.0, 0.0], [3.0, 0.0], [0.0, 2.0], [0.0, 5.0]])
     templates = np.array([7, 7, 7, 9])
     medias = np.array([1, 1, 2, 1])  # template 7: media 1 (two frames), media 2 (one photo)
-    ids, out = ijb.template_features(feats, templates, medias)
+    ids, out = ijb_protocol.template_features(feats, templates, medias)
     assert ids.tolist() == [7, 9]
     expected = np.array([2.0, 2.0]) / np.linalg.norm([2.0, 2.0])  # mean(1, 3) = 2 for media 1, plus (0, 2)
     np.testing.assert_allclose(out, [expected, [0.0, 1.0]])
     # The same media id in another template is another media.
-    ids, out = ijb.template_features(feats, np.array([7, 7, 9, 9]), np.array([1, 1, 1, 1]))
+    ids, out = ijb_protocol.template_features(feats, np.array([7, 7, 9, 9]), np.array([1, 1, 1, 1]))
     np.testing.assert_allclose(out, [[1.0, 0.0], [0.0, 1.0]])
 
 
 def test_tar_at_far_reads_the_nearest_roc_point():
     labels = np.array([1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
     scores = np.array([0.9, 0.8, 0.3, 0.2, 0.85, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1])
-    tar, fpr, tpr, area = ijb.tar_at_far(labels, scores, far_levels=(1e-3, 0.1))
+    tar, fpr, tpr, area = ijb_protocol.tar_at_far(labels, scores, far_levels=(1e-3, 0.1))
     # sklearn's ROC: (0, 0), (0, .25), (.1, .25), (.1, 1), (1, 1). Of the points tied at the nearest FAR
     # the first (strictest threshold) is read, as in the published evaluation: 0 at FAR 0, .25 at FAR .1.
     assert tar == {"0.001": 0.0, "0.1": 0.25}
     with pytest.raises(ValueError, match="only label 1"):
-        ijb.tar_at_far(np.ones(3, dtype=int), scores[:3])
+        ijb_protocol.tar_at_far(np.ones(3, dtype=int), scores[:3])
 
 
 @pytest.fixture(scope="module")
@@ -119,19 +120,19 @@ class _ColourNet(nn.Module):
 
 
 def test_protocol_on_mini_ijb(mini_ijb):
-    meta = ijb.read_meta(mini_ijb, "IJBC")
+    meta = ijb_protocol.read_meta(mini_ijb, "IJBC")
     assert len(meta.names) == 12 and meta.pairs.shape == (6, 2) and meta.labels.tolist() == [1, 0, 0, 0, 0, 1]
-    result = ijb.evaluate_ijb(mini_ijb, "IJBC", _ColourNet(), batch_size=5)
+    result = ijb_protocol.evaluate_ijb(mini_ijb, "IJBC", _ColourNet(), batch_size=5)
     assert result["images"] == 12 and result["templates"] == 4 and result["pairs"] == 6
     # Every genuine pair scores above every impostor pair. (TAR read at the nearest ROC point is 0 here:
     # with 4 impostors the nearest point to any small FAR is the first one at FAR 0, tpr 0.)
     assert result["auc"] == 1.0
-    assert set(result["tar"]) == {f"{far:g}" for far in ijb.FAR_LEVELS}
+    assert set(result["tar"]) == {f"{far:g}" for far in ijb_protocol.FAR_LEVELS}
 
 
 def test_bad_protocol_files_are_named(mini_ijb, tmp_path):
     with pytest.raises(FileNotFoundError, match=r"ijbb_face_tid_mid\.txt"):
-        ijb.read_meta(mini_ijb, "IJBB")
+        ijb_protocol.read_meta(mini_ijb, "IJBB")
     bad = tmp_path / "meta"
     bad.mkdir()
     for name in ("ijbc_face_tid_mid.txt", "ijbc_template_pair_label.txt"):
@@ -139,12 +140,12 @@ def test_bad_protocol_files_are_named(mini_ijb, tmp_path):
     lines = (mini_ijb / "meta" / "ijbc_name_5pts_score.txt").read_text().splitlines()
     (bad / "ijbc_name_5pts_score.txt").write_text("\n".join(lines[:2] + [lines[2].rsplit(" ", 1)[0]]) + "\n")
     with pytest.raises(ValueError, match=r"ijbc_name_5pts_score\.txt:3: expected 12 space-separated fields, got 11"):
-        ijb.read_meta(tmp_path, "IJBC")
+        ijb_protocol.read_meta(tmp_path, "IJBC")
 
 
 def test_cli_on_mini_ijb(mini_ijb, tmp_path, capsys):
     pytest.importorskip("backbones")
-    rc = ijb.main(["--network", "tiny", "--embedding-size", "8", "--model-arg", "widths=[4,4,8,8]",
+    rc = ijb.main(["--network", "tiny", "--embedding-size", "8", "--network-kwargs", '{"widths": [4, 4, 8, 8]}',
                    "--random-init", "0", "--data-dir", str(mini_ijb), "--target", "IJBC", "--num-workers", "0",
                    "--batch-size", "6", "--json", str(tmp_path / "ijb.json"), "--roc", str(tmp_path / "roc.png")])
     out = capsys.readouterr().out.splitlines()

@@ -22,7 +22,7 @@ from scripts.shuffle_rec import main as shuffle_rec_main
 from scripts.shuffle_rec import shuffle_rec
 from scripts.unpack_rec import main as unpack_rec_main
 from scripts.unpack_rec import unpack_rec
-from utils.recordio import IndexedRecordIO, IRHeader, pack, unpack
+from dataset.recordio import IndexedRecordIO, IRHeader, pack, unpack
 
 
 def _image(seed: int, size=(112, 112), fmt="JPEG") -> bytes:
@@ -106,7 +106,7 @@ def test_rec_info_finds_all_planted_problems(tmp_path, capsys):
     info = rec_info(tmp_path, check=True)
     problems = "\n".join(info["problems"])
     assert len(info["problems"]) == 5, problems
-    assert "(key 9): index offset 10000000 is past the end" in problems
+    assert "1 index offsets are past the end" in problems and "(9, 10000000)" in problems
     assert "(key 1): label 5 is out of range for num_classes=3" in problems
     assert "(key 2): cannot decode image" in problems
     assert f"(key 3): bad magic 0x21444142 at byte {off3}" in problems

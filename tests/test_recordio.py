@@ -1,4 +1,4 @@
-"""utils.recordio against files written by the real MXNet 1.9.1 (shared/fixtures/rec_*)."""
+"""dataset.recordio against files written by the real MXNet 1.9.1 (shared/fixtures/rec_*)."""
 from __future__ import annotations
 
 import hashlib
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from tests.helpers import FIXTURES
 
-from utils.recordio import (MAGIC, IndexedRecordIO, IRHeader, RecordIOError, encode_record, pack, unpack,
+from dataset.recordio import (MAGIC, IndexedRecordIO, IRHeader, RecordIOError, encode_record, pack, unpack,
                             write_insightface_rec)
 
 LAYOUTS = ["rec_insightface", "rec_insightface_vector_label", "rec_im2rec"]
@@ -57,6 +57,14 @@ def test_write_insightface_rec_is_byte_identical_to_mxnet(tmp_path):
     assert write_insightface_rec(tmp_path, iter(items), num_classes=6) == n
     for name in ("train.rec", "train.idx", "property"):
         assert (tmp_path / name).read_bytes() == (FIXTURES / "rec_insightface" / name).read_bytes(), name
+
+
+def test_a_failed_write_leaves_the_folder_as_it_was(tmp_path):
+    write_insightface_rec(tmp_path, [(0, b"a"), (1, b"b")], num_classes=2)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(ValueError, match="ascending"):
+        write_insightface_rec(tmp_path, [(1, b"c"), (0, b"d")], num_classes=2)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # no .tmp, the old rec intact
 
 
 def test_write_insightface_rec_empty_classes_and_order(tmp_path):

@@ -1,4 +1,5 @@
-"""eval.verification: reading `.bin` files safely, the published k-fold protocol, test(), the callback."""
+"""eval.verification: reading `.bin` files safely (dataset.verification_set, re-exported), the published k-fold
+protocol, test(), the callback."""
 from __future__ import annotations
 
 import hashlib
@@ -35,8 +36,15 @@ def test_tiny_bin_matches_its_manifest():
     assert isinstance(data, V.BinData) and data.images is images and data.issame is issame
     assert issame == manifest["issame"] and len(issame) == manifest["pairs"]
     assert images.dtype == torch.uint8 and images.shape == (2 * manifest["pairs"], 3, 112, 112)
-    raw, _ = V._read_pickle(TINY_BIN)
+    raw, _ = V.unpickle_bin(TINY_BIN)
     assert [hashlib.sha256(bytes(b)).hexdigest() for b in raw] == manifest["sha256"]
+
+
+def test_the_bin_reader_lives_with_the_data_and_eval_verification_still_exports_it():
+    from dataset import verification_set
+
+    for name in ("BinData", "BadBinError", "RefusedGlobal", "load_bin", "save_bin", "unpickle_bin"):
+        assert getattr(V, name) is getattr(verification_set, name) and name in V.__all__, name
 
 
 def test_save_bin_round_trip_and_resize(tmp_path):

@@ -49,7 +49,7 @@ def good_bin(folder: Path) -> Path:
     return folder
 
 
-TINY = ("--network", "tiny", "--embedding-size", "32", "--model-arg", "widths=[8,16,16,32]")
+TINY = ("--network", "tiny", "--embedding-size", "32", "--network-kwargs", '{"widths": [8, 16, 16, 32]}')
 
 
 @pytest.mark.timeout(120)

@@ -30,6 +30,10 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
+from dataset.recordio import write_insightface_rec
+from dataset.verification_set import save_bin
+from utils.files import atomic_write
+
 logger = logging.getLogger(__name__)
 
 IMAGE_SIZE = 112
@@ -518,13 +522,6 @@ def render_pair_images(seed: int, kind: Literal["easy", "hard"], specs: list[Pai
     return out
 
 
-def iter_train_items(seed: int, num_classes: int, images_per_class: int) -> Iterator[tuple[int, bytes]]:
-    """``(label, jpeg)`` for every training image, grouped by label in ascending order."""
-    for c in range(num_classes):
-        for jpeg in train_identity_images(seed, c, images_per_class):
-            yield c, jpeg
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Whole datasets on disk: train.rec/train.idx/property plus syn_easy.bin / syn_hard.bin and a stamp.
 # ---------------------------------------------------------------------------------------------------------
@@ -589,10 +586,6 @@ def write_dataset(out_dir: str | os.PathLike, num_classes: int = 1000, images_pe
     if is_complete(out, stamp):
         logger.info("%s already holds this synthetic dataset; nothing to do", out)
         return False
-    # Imported here: they pull in torch, which rendering and the cache check do not need.
-    from eval.verification import save_bin
-    from utils.recordio import write_insightface_rec
-
     out.mkdir(parents=True, exist_ok=True)
     # Remove an old stamp first: an interrupted rebuild must not look complete.
     (out / STAMP_NAME).unlink(missing_ok=True)
@@ -623,9 +616,7 @@ def write_dataset(out_dir: str | os.PathLike, num_classes: int = 1000, images_pe
             pool.close()
             pool.join()
         bar.close()
-    tmp = out / f"{STAMP_NAME}.tmp"
-    tmp.write_text(json.dumps(stamp, indent=1))
-    os.replace(tmp, out / STAMP_NAME)
+    atomic_write(out / STAMP_NAME, lambda f: f.write(json.dumps(stamp, indent=1).encode()))
     return True
 
 

@@ -1,8 +1,8 @@
-"""MXNet RecordIO (``.rec`` + ``.idx``) reading and writing without MXNet.
+"""MXNet RecordIO (``.rec`` + ``.idx``) without MXNet: the format, the dataset layouts, and the one checker.
 
 The names follow ``mxnet.recordio`` so that users can switch without relearning them: ``IRHeader``,
 ``pack``, ``unpack`` and ``IndexedRecordIO`` (``MXIndexedRecordIO``'s ``keys``, ``read_idx``,
-``write_idx``, ``close``). The byte layout is dmlc-core's (see ``shared/FORMATS.md``):
+``write_idx``, ``close``). The byte layout is dmlc-core's:
 
     record  = magic (uint32 0xced7230a) | lrec (uint32: cflag << 29 | length) | data | zero pad to 4
     payload = IRHeader ``<IfQQ`` (flag, label, id, id2) | flag float32 label values | image bytes
@@ -15,19 +15,32 @@ are byte-identical to MXNet's.
 Reading is safe in DataLoader workers: the ``.rec`` file descriptor is opened lazily per process
 (a forked worker notices the pid change and opens its own) and read with ``os.pread``, so no file
 offset is ever shared between processes.
+
+Dataset folders (``train.rec``, ``train.idx``, optional ``property``) come in two layouts: insightface's
+(record 0 is a header, identity-range records follow the images) and im2rec's (every record an image);
+``detect_layout`` tells them apart. Their checks are written once, here: ``open_rec_folder`` (what can be
+known without reading every record), ``read_image_record`` (one image record and its label) and
+``check_records`` (every record, decoded). ``dataset.MXFaceDataset`` raises the first problem they find;
+``scripts/rec_info.py --check`` lists them all.
 """
 from __future__ import annotations
 
+import array
 import io
 import logging
 import numbers
 import os
 import struct
-from collections import namedtuple
+from collections import Counter, namedtuple
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Literal
+from typing import BinaryIO, Iterable, Literal
 
 import numpy as np
+from tqdm import tqdm
+
+from dataset.images import decode
+from utils.files import atomic_write
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +116,7 @@ def _parse_idx(idx_path: Path) -> tuple[np.ndarray, np.ndarray]:
     if not data.strip():
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     try:
-        # numpy's C parser: about 0.7 s for a 5M-line index; the slow loop below only runs to explain errors.
+        # numpy's C parser reads millions of lines quickly; the slow loop below only runs to explain errors.
         table = np.loadtxt(io.BytesIO(data), dtype=np.int64, delimiter="\t", ndmin=2)
         if table.shape[1] == 2:
             return table[:, 0].copy(), table[:, 1].copy()
@@ -312,18 +325,25 @@ def write_insightface_rec(out_dir: str | os.PathLike, items: Iterable[tuple[int,
     ``items`` yields ``(label, encoded_image_bytes)`` grouped by label in ascending order. Record 0 is
     the header (label ``[N+1, N+1+C]``), records ``1..N`` are images (scalar label, ``id`` = key),
     records ``N+1..N+C`` give each class's ``[first, last+1)`` image key range (empty for a class with
-    no images). Files are written under temporary names and renamed when complete.
+    no images). Each file is written atomically (``utils.files.atomic_write``), the ``.rec`` first: a
+    failure while the images are written leaves the folder as it was.
     """
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     if num_classes <= 0:
         raise ValueError(f"num_classes must be positive; got {num_classes}")
-    tmp_rec, tmp_idx = out / "train.rec.tmp", out / "train.idx.tmp"
-    first = np.zeros(num_classes, np.int64)
-    last = np.zeros(num_classes, np.int64)  # exclusive end; first == last means no images
-    with IndexedRecordIO(tmp_idx, tmp_rec, "w") as w:
+    out.mkdir(parents=True, exist_ok=True)
+    offsets = array.array("q")  # offset of record k at index k: keys are 0..N+C
+    count = [0]
+
+    def write_rec(f: BinaryIO) -> None:
+        def put(payload: bytes) -> None:
+            offsets.append(f.tell())
+            f.write(encode_record(payload))
+
         # The header's size does not depend on N (two float32 labels), so a placeholder is patched at the end.
-        w.write_idx(0, pack(IRHeader(0, [0.0, 0.0], 0, 0), b""))
+        put(pack(IRHeader(0, [0.0, 0.0], 0, 0), b""))
+        first = np.zeros(num_classes, np.int64)
+        last = np.zeros(num_classes, np.int64)  # exclusive end; first == last means no images
         key, prev = 1, -1
         for label, image in items:
             label = int(label)
@@ -333,21 +353,183 @@ def write_insightface_rec(out_dir: str | os.PathLike, items: Iterable[tuple[int,
                 raise ValueError(f"item {key - 1}: label {label} after {prev}; items must be grouped by label "
                                  f"in ascending order")
             if label != prev:
-                first[label] = key
                 # Classes skipped between prev and label get an empty range at this key.
-                first[prev + 1:label] = key
+                first[prev + 1:label + 1] = key
                 last[prev + 1:label] = key
-            w.write_idx(key, pack(IRHeader(0, float(label), key, 0), image))
+            put(pack(IRHeader(0, float(label), key, 0), image))
             last[label] = key + 1
             key, prev = key + 1, label
         n = key - 1
         first[prev + 1:] = key
         last[prev + 1:] = key
         for c in range(num_classes):
-            w.write_idx(n + 1 + c, pack(IRHeader(0, [float(first[c]), float(last[c])], 0, 0), b""))
-        w.write_at(0, pack(IRHeader(0, [float(n + 1), float(n + 1 + num_classes)], 0, 0), b""))
-    (out / "property.tmp").write_text(f"{num_classes},{image_size[0]},{image_size[1]}")
-    for name in ("train.rec", "train.idx", "property"):
-        os.replace(out / f"{name}.tmp", out / name)
-    logger.info("wrote %d images of %d classes to %s", n, num_classes, out)
-    return n
+            put(pack(IRHeader(0, [float(first[c]), float(last[c])], 0, 0), b""))
+        end = f.tell()
+        f.seek(0)
+        f.write(encode_record(pack(IRHeader(0, [float(n + 1), float(n + 1 + num_classes)], 0, 0), b"")))
+        f.seek(end)
+        count[0] = n
+
+    def write_idx(f: BinaryIO) -> None:
+        for start in range(0, len(offsets), 65536):  # chunks: millions of lines without one huge string
+            f.write("".join(f"{k}\t{offsets[k]}\n"
+                            for k in range(start, min(start + 65536, len(offsets)))).encode())
+
+    atomic_write(out / "train.rec", write_rec)
+    atomic_write(out / "train.idx", write_idx)
+    atomic_write(out / "property", lambda f: f.write(f"{num_classes},{image_size[0]},{image_size[1]}".encode()))
+    logger.info("wrote %d images of %d classes to %s", count[0], num_classes, out)
+    return count[0]
+
+
+# --- dataset folders: layouts and the checks ------------------------------------------------------------
+
+def read_property(path: str | os.PathLike) -> tuple[int, tuple[int, int]] | None:
+    """``(num_classes, (H, W))`` from an insightface ``property`` file, or None when there is none."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    text = path.read_text().strip()
+    try:
+        c, h, w = (int(v) for v in text.split(","))
+    except ValueError as exc:
+        raise ValueError(f"{path}: expected 'num_classes,height,width' (e.g. '93431,112,112'); got "
+                         f"{text[:80]!r}") from exc
+    return c, (h, w)
+
+
+def detect_layout(rec: IndexedRecordIO) -> tuple[str, np.ndarray, int | None]:
+    """``(layout, image_keys, header_num_classes)`` of an open RecordIO.
+
+    insightface: key 0 is a header record (label vector ``[N+1, N+1+C]``, no image bytes); images are
+    keys ``1..N``. im2rec: every key is an image, and the class count is not recorded.
+    """
+    if 0 in rec:
+        header, image = unpack(rec.read_idx(0))
+        if header.flag >= 2 and len(image) == 0:
+            first, end = int(header.label[0]), int(header.label[1])
+            keys = np.arange(1, first, dtype=np.int64)
+            missing = keys[~rec.has_keys(keys)][:5].tolist()
+            if missing:
+                raise RecordIOError(f"{rec.rec_path}: header record (key 0) says images are keys 1..{first - 1} "
+                                    f"but {rec.idx_path} lacks keys {missing}")
+            return "insightface", keys, end - first
+    return "im2rec", rec.key_array.copy(), None
+
+
+def class_of(header_label: float | np.ndarray, where: str) -> int:
+    """The class id of an IRHeader label: the scalar, or the first value of a vector label."""
+    value = float(header_label) if np.ndim(header_label) == 0 else float(header_label[0])
+    if value != int(value) or value < 0:
+        raise ValueError(f"{where}: label {value} is not a non-negative integer class id")
+    return int(value)
+
+
+@dataclass
+class RecFolder:
+    """A RecordIO dataset folder, open, with what its open-time checks found.
+
+    ``num_classes`` and ``image_size`` are what ``property`` and the header record say (None when neither
+    says it); ``problems`` holds one error per defect found without reading every record.
+    """
+
+    root: Path
+    rec: IndexedRecordIO
+    layout: str  # "insightface" or "im2rec"
+    image_keys: np.ndarray  # (N,) int64, in index order
+    num_classes: int | None
+    image_size: tuple[int, int] | None
+    problems: list[ValueError] = field(default_factory=list)
+
+
+def open_rec_folder(root: str | os.PathLike, read_last: bool = True) -> RecFolder:
+    """Open ``root/train.rec`` + ``train.idx`` and run every check that needs no pass over the records.
+
+    Collected in ``problems`` (in this order): index offsets past the end of the ``.rec``; with
+    ``read_last``, the record at the largest offset (one read that finds a ``.rec`` cut short); a damaged
+    header record; an unreadable ``property``; ``property`` and the header record disagreeing on the
+    class count. A missing file raises ``FileNotFoundError``, an index that does not parse
+    ``RecordIOError``: nothing can be checked then.
+    """
+    root = Path(root)
+    rec_path, idx_path = root / "train.rec", root / "train.idx"
+    missing = [p.name for p in (rec_path, idx_path) if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"{root}: missing {' and '.join(missing)}; an MXNet RecordIO dataset folder "
+                                f"holds train.rec, train.idx and (insightface layout) property")
+    rec = IndexedRecordIO(idx_path, rec_path, "r")
+    problems: list[ValueError] = []
+    past = rec.offsets_past_end()
+    if past:
+        # One problem for all of them: an index of another file would otherwise give millions of lines.
+        problems.append(RecordIOError(
+            f"{idx_path}: {len(past)} index offsets are past the end of {rec_path} ({rec_path.stat().st_size} "
+            f"bytes), e.g. (key, offset) {past[:3]}; the .rec is truncated or belongs to another index"))
+    if read_last and not past:
+        try:
+            rec.read_last()
+        except RecordIOError as exc:
+            problems.append(exc)
+    try:
+        layout, keys, header_classes = detect_layout(rec)
+    except RecordIOError as exc:
+        problems.append(exc)
+        layout, keys, header_classes = "im2rec", rec.key_array[rec.key_array != 0], None
+    try:
+        prop = read_property(root / "property")
+    except ValueError as exc:
+        problems.append(exc)
+        prop = None
+    if prop is not None and header_classes is not None and prop[0] != header_classes:
+        problems.append(ValueError(f"{root / 'property'} says {prop[0]} classes but the header record (key 0) of "
+                                   f"{rec_path} says {header_classes}"))
+    return RecFolder(root, rec, layout, keys, prop[0] if prop else header_classes, prop[1] if prop else None,
+                     problems)
+
+
+def read_image_record(rec: IndexedRecordIO, key: int, num_classes: int | None) -> tuple[bytes, int, str]:
+    """``(encoded image bytes, class id, "file (key k)")`` of image record ``key``.
+
+    ``RecordIOError``/``ValueError`` naming the file and key for a record that does not read, a payload
+    shorter than its header, a label that is not a class id, or one ``>= num_classes``.
+    """
+    where = f"{rec.rec_path} (key {key})"
+    payload = rec.read_idx(key)
+    try:
+        header, image = unpack(payload)
+    except RecordIOError as exc:
+        raise RecordIOError(f"{where}: {exc}") from None
+    label = class_of(header.label, where)
+    if num_classes is not None and label >= num_classes:
+        raise ValueError(f"{where}: label {label} is out of range for num_classes={num_classes}")
+    return image, label, where
+
+
+def check_records(folder: RecFolder, image_size: tuple[int, int] | None = None
+                  ) -> tuple[Counter[int], list[ValueError]]:
+    """Read every record of ``folder``, decode every image and check every label and size.
+
+    Header and identity-range records are read too (they can be damaged as well). Records whose index
+    offset is past the end are skipped (``open_rec_folder`` reported them). Returns the number of images
+    of every class id and one error per bad record. ``image_size`` defaults to ``property``'s.
+    """
+    size = image_size or folder.image_size
+    past = {key for key, _ in folder.rec.offsets_past_end()}
+    labels: Counter[int] = Counter()
+    problems: list[ValueError] = []
+    all_keys = folder.rec.key_array
+    is_image = np.isin(all_keys, folder.image_keys)
+    for key, image_record in tqdm(zip(all_keys.tolist(), is_image.tolist()), total=len(all_keys),
+                                  desc="checking records", unit="rec", disable=None):
+        if key in past:
+            continue
+        try:
+            if not image_record:
+                folder.rec.read_idx(key)
+                continue
+            image, label, where = read_image_record(folder.rec, key, folder.num_classes)
+            labels[label] += 1
+            decode(image, where, size)
+        except (RecordIOError, ValueError) as exc:
+            problems.append(exc)
+    return labels, problems

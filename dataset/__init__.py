@@ -1,0 +1,26 @@
+"""Training and evaluation data: formats, datasets and the training loader.
+
+``from dataset import MXFaceDataset, build_dataset, get_dataloader, ...`` keeps working as it did when this
+was one module; the code lives in modules named for what they are:
+
+- ``dataset.images``: decoding, resizing, and the one normalisation ``(x - 127.5) / 127.5``;
+- ``dataset.recordio``: MXNet RecordIO without MXNet, the dataset layouts, and the one RecordIO checker;
+- ``dataset.faces``: ``MXFaceDataset``, ``ImageFolderDataset``, ``SyntheticDataset``, ``build_dataset``;
+- ``dataset.loader``: the distributed, resumable sampler and loader (``get_dataloader``);
+- ``dataset.dali``: the optional GPU-decode loader (NVIDIA DALI, imported only when asked for);
+- ``dataset.verification_set``: the verification ``.bin`` reader (restricted unpickler) and writer;
+- ``dataset.synthetic_faces``: synthetic identities written in the real formats, for demos and tests.
+
+This package imports only ``utils`` from the project (and torch, torchvision, numpy, PIL).
+"""
+from __future__ import annotations
+
+from dataset.dali import DaliLoader, get_dali_dataloader
+from dataset.faces import ImageFolderDataset, MXFaceDataset, SyntheticDataset, build_dataset
+from dataset.images import IMAGE_EXTENSIONS, Transform, decode, normalise
+from dataset.loader import FaceDataLoader, FaceSampler, get_dataloader
+from dataset.recordio import class_of, detect_layout
+
+__all__ = ["IMAGE_EXTENSIONS", "DaliLoader", "FaceDataLoader", "FaceSampler", "ImageFolderDataset", "MXFaceDataset",
+           "SyntheticDataset", "Transform", "build_dataset", "class_of", "decode", "detect_layout",
+           "get_dali_dataloader", "get_dataloader", "normalise"]

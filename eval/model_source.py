@@ -1,0 +1,264 @@
+"""Which model a tool runs: the model options, defined once, and how they become a backbone.
+
+``python -m eval.verify``, ``python -m eval.ijb``, ``scripts/torch2onnx.py`` and ``scripts/inference.py``
+take the same options (``add_model_options``), each tool the sources it can run:
+
+    --weights PATH          a backbone state_dict (``model.pt`` of a run, or an official ``backbone.pth``)
+    --onnx PATH             an exported model, run with onnxruntime
+    --random-init SEED      the network untrained, seeded SEED (a baseline)
+    --network NAME          backbone name (``backbones.list_models()``)
+    --network-kwargs JSON   extra keyword arguments of ``backbones.get_model``, e.g. '{"widths": [8, 16, 16, 32]}'
+    --embedding-size N      embedding size (default 512)
+    --device cpu|cuda       where the model runs
+
+Without ``--network``, the architecture comes from ``model.json`` beside ``--weights``, which the trainer
+writes beside ``model.pt`` (network, network_kwargs, embedding_size, input size, normalisation); the
+weights file itself stays a plain state_dict in the official layout. Weights that do not fit the
+architecture are one ``ValueError`` line that says what to pass instead.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from backbones import get_model
+from dataset.images import NORMALISATION
+from utils.checkpoint import MODEL_CARD
+from utils.files import load_state_dict, load_weights
+
+DEFAULT_EMBEDDING_SIZE = 512
+INPUT_SIZE = (112, 112)  # (H, W) the tools feed: aligned faces, as every backbone here expects
+# What the model options of a tool are called in messages about the architecture.
+ARCHITECTURE_FLAGS = "--network, --network-kwargs and --embedding-size"
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """A backbone as ``backbones.get_model`` builds it, and where that description came from."""
+
+    network: str
+    network_kwargs: dict[str, Any]
+    embedding_size: int
+    card: Path | None = None  # the model.json it was read from; None: from the command line
+
+    def build(self) -> nn.Module:
+        """The backbone, freshly initialised (torch's current random state); ``ValueError`` naming the
+        model.json it came from for a name or argument ``backbones.get_model`` refuses."""
+        try:
+            return get_model(self.network, num_features=self.embedding_size, **self.network_kwargs)
+        except ValueError as exc:
+            if self.card is None:
+                raise
+            raise ValueError(f"{self.card}: {exc}") from None
+
+    def flags(self) -> str:
+        """The options that name this architecture, as a user would type them."""
+        flags = f"--network {self.network}"
+        if self.network_kwargs:
+            flags += f" --network-kwargs {shlex.quote(json.dumps(self.network_kwargs))}"
+        return flags + f" --embedding-size {self.embedding_size}"
+
+
+def _card_value(card: dict[str, Any], path: Path, key: str, kind: type) -> Any:
+    if key not in card:
+        raise ValueError(f"{path}: no {key!r}; a model card holds network, network_kwargs and embedding_size")
+    value = card[key]
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise ValueError(f"{path}: {key} is {value!r}; expected a {kind.__name__}")
+    return value
+
+
+def read_model_card(path: str | os.PathLike) -> Architecture:
+    """The architecture ``model.json`` at ``path`` describes; ``ValueError`` naming the file and the key when
+    it cannot be read, lacks a key, or describes inputs other than the ones these tools feed."""
+    path = Path(path)
+    try:
+        card = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not a readable model card ({exc})") from None
+    if not isinstance(card, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(card).__name__}")
+    if _card_value(card, path, "format", int) != 1:
+        raise ValueError(f"{path}: format {card['format']} is not one this code reads (1)")
+    input_size = card.get("input_size", list(INPUT_SIZE))
+    if list(input_size) != list(INPUT_SIZE):
+        raise ValueError(f"{path}: input_size {input_size}; these tools feed {INPUT_SIZE[0]}x{INPUT_SIZE[1]} faces")
+    normalisation = card.get("normalisation", NORMALISATION)
+    if normalisation != NORMALISATION:
+        raise ValueError(f"{path}: normalisation {normalisation!r}; these tools feed {NORMALISATION!r}")
+    return Architecture(_card_value(card, path, "network", str), _card_value(card, path, "network_kwargs", dict),
+                        _card_value(card, path, "embedding_size", int), path)
+
+
+def card_beside(weights: str | os.PathLike) -> Path:
+    """Where the model card of ``weights`` is: ``model.json`` in the same folder."""
+    return Path(weights).with_name(MODEL_CARD)
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """argparse type of ``--network-kwargs``: a JSON object."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"widths\": [8, 16, 16, 32]}}'; "
+                                         f"got {text!r} ({exc.msg})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"widths\": [8, 16, 16, 32]}}'; "
+                                         f"got {text!r}")
+    return value
+
+
+def add_model_options(parser: argparse.ArgumentParser, *, onnx: bool = True, random_init: bool = True,
+                      device: bool = True) -> None:
+    """Add the model options to ``parser``; ``onnx``/``random_init``: whether the tool accepts those
+    sources besides ``--weights``; ``device``: whether it takes ``--device``. Check them with
+    ``check_model_options`` after parsing."""
+    g = parser.add_argument_group("model", "the backbone to run (without --network: read from model.json beside "
+                                           "--weights, which the trainer writes)")
+    if onnx or random_init:
+        source = g.add_mutually_exclusive_group(required=True)
+        source.add_argument("--weights", type=Path, help="backbone state_dict (official insightface layout)")
+        if onnx:
+            source.add_argument("--onnx", type=Path, help="exported ONNX model, run with onnxruntime")
+        if random_init:
+            source.add_argument("--random-init", type=int, metavar="SEED",
+                                help="the network untrained, seeded SEED (needs --network)")
+    else:
+        g.add_argument("--weights", type=Path, required=True, help="backbone state_dict (official insightface layout)")
+    g.add_argument("--network", help="backbone name (backbones.list_models()); default: model.json's")
+    g.add_argument("--network-kwargs", type=json_object, metavar="JSON",
+                   help="extra backbones.get_model arguments as a JSON object, e.g. '{\"widths\": [8, 16, 16, 32]}'")
+    g.add_argument("--embedding-size", type=int, metavar="N",
+                   help=f"embedding size (default {DEFAULT_EMBEDDING_SIZE} with --network; model.json's without)")
+    if device:
+        g.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+
+
+def check_model_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse combinations of the model options that cannot work (exits through ``parser.error``)."""
+    describes = args.network_kwargs is not None or args.embedding_size is not None
+    if getattr(args, "onnx", None) is not None and (args.network or describes):
+        parser.error(f"--onnx runs the exported model as it is; {ARCHITECTURE_FLAGS} do not apply")
+    if getattr(args, "random_init", None) is not None and not args.network:
+        parser.error("--random-init needs --network (there are no weights, so no model.json beside them)")
+    if describes and not args.network:
+        parser.error(f"--network-kwargs and --embedding-size describe the network --network names; pass --network "
+                     f"too (without all three, model.json beside --weights describes the network)")
+    if args.embedding_size is not None and args.embedding_size < 1:
+        parser.error(f"--embedding-size must be >= 1, got {args.embedding_size}")
+    if getattr(args, "device", "cpu") == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device here; use --device cpu")
+
+
+def architecture(args: argparse.Namespace) -> Architecture:
+    """The architecture the options name: the flags with ``--network``, else ``model.json`` beside
+    ``--weights`` (``ValueError`` saying what to pass when there is none)."""
+    if args.network:
+        return Architecture(args.network, dict(args.network_kwargs or {}),
+                            args.embedding_size or DEFAULT_EMBEDDING_SIZE)
+    card = card_beside(args.weights)
+    if not card.is_file():
+        raise ValueError(f"--network is required: {card} does not exist (the trainer writes it beside model.pt); "
+                         f"pass {ARCHITECTURE_FLAGS} as in the training config, e.g. --network r50")
+    return read_model_card(card)
+
+
+def _mismatch_hint(arch: Architecture, weights: Path) -> str | None:
+    """What to pass instead when ``weights`` is a state_dict that does not fit ``arch``; None when the file is
+    not a state_dict at all (then the loader's own message says everything)."""
+    try:
+        state = load_state_dict(weights)
+    except ValueError:
+        return None
+    features = state.get("features.weight")  # IResNet, MobileFaceNet: the BatchNorm1d of the embedding
+    size = ""
+    if features is not None and features.dim() == 1:
+        size = f" (the file's embeddings are {len(features)}-dimensional)"
+    card = card_beside(weights)
+    if arch.card is None and card.is_file():
+        try:
+            described = read_model_card(card)
+        except ValueError:
+            described = None  # an unreadable card suggests nothing
+        if described is not None and described.flags() != arch.flags():
+            return (f"{card} says {described.flags()}: leave out {ARCHITECTURE_FLAGS} to use it, or pass the "
+                    f"ones the weights were trained with{size}")
+    if arch.card is not None:
+        return (f"{arch.card} says {arch.flags()}, which does not describe these weights: pass {ARCHITECTURE_FLAGS} "
+                f"as in the training config{size}")
+    return f"pass {ARCHITECTURE_FLAGS} as in the training config{size}"
+
+
+def load_backbone(arch: Architecture, weights: str | os.PathLike) -> nn.Module:
+    """``arch`` built and loaded strictly from ``weights``; a mismatch is one ``ValueError`` line that ends
+    with what to pass instead."""
+    weights = Path(weights)
+    model = arch.build()
+    try:
+        load_weights(model, weights, network=arch.network)
+    except ValueError as exc:
+        hint = _mismatch_hint(arch, weights)
+        if hint is None:
+            raise
+        raise ValueError(f"{exc}; {hint}") from None
+    return model
+
+
+class OnnxBackbone(nn.Module):
+    """An exported model run by ONNX Runtime behind the ``nn.Module`` interface the protocols expect:
+    (N, 3, H, W) float32 in, (N, D) float32 out, on the CPU (ORT copies to its own device)."""
+
+    def __init__(self, path: str | os.PathLike, device: str = "cpu") -> None:
+        super().__init__()
+        import onnxruntime as ort  # only this source needs it
+
+        providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
+        try:
+            self.session = ort.InferenceSession(str(path), providers=providers)
+        except Exception as exc:  # ORT raises its own exception types for files that are not ONNX models
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            raise ValueError(f"{path}: not a loadable ONNX model ({type(exc).__name__}: {first})") from exc
+        inputs = self.session.get_inputs()
+        if len(inputs) != 1:
+            raise ValueError(f"{path}: expected a model with one input (images), found "
+                             f"{[i.name for i in inputs]}")
+        self.input_name = inputs[0].name
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.session.run(None, {self.input_name: x.detach().cpu().float().numpy()})[0]  # (N, D)
+        return torch.from_numpy(out)
+
+
+def build_backbone(args: argparse.Namespace) -> nn.Module:
+    """The model the options name, on ``--device``: an ONNX model, trained weights, or a seeded untrained
+    network. ``FileNotFoundError``/``ValueError`` (one line) when it cannot be built."""
+    device = getattr(args, "device", "cpu")
+    onnx = getattr(args, "onnx", None)
+    if onnx is not None:
+        if not onnx.is_file():
+            raise FileNotFoundError(f"ONNX model not found: {onnx}")
+        return OnnxBackbone(onnx, device)
+    arch = architecture(args)
+    seed = getattr(args, "random_init", None)
+    if seed is not None:
+        torch.manual_seed(seed)  # the same SEED gives the same untrained network
+        model = arch.build()
+    else:
+        model = load_backbone(arch, args.weights)
+    return model.to(device)
+
+
+def device_of(module: nn.Module) -> torch.device:
+    """The device of the module's first parameter or buffer; the CPU for a module that has none
+    (e.g. ``OnnxBackbone``): where its inputs go."""
+    for tensor in (*module.parameters(), *module.buffers()):
+        return tensor.device
+    return torch.device("cpu")

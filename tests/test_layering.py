@@ -1,0 +1,96 @@
+"""The layers of the code base, checked on the source (issue 12): who may import whom.
+
+- ``utils`` is generic: it imports nothing else of the project;
+- ``dataset`` (formats, datasets, loaders) imports only ``utils`` of the project;
+- ``eval`` imports only ``dataset``, ``backbones`` and ``utils`` (and itself);
+- nothing imports ``scripts/``, ``bench/`` or ``train`` (entry points; ``bench`` shares its own ``bench.common``);
+- no CLI imports another CLI; no module imports another module's ``_private`` name.
+
+Tests are exempt: they import entry points and private names to test them.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT
+
+CLIS = {"eval.verify", "eval.ijb"}  # plus every module under scripts/
+ALLOWED = {  # package -> the project's top-level packages its modules may import
+    "utils": {"utils"},
+    "dataset": {"dataset", "utils"},
+    "eval": {"eval", "dataset", "backbones", "utils"},
+}
+ENTRY_POINTS = {"scripts", "bench", "train"}
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _sources(root: Path) -> list[Path]:
+    skip = {"tests", ".venv", "work_dirs", "data"}
+    return sorted(p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts))
+
+
+def _imports(path: Path) -> list[tuple[str, list[str], int]]:
+    """``(module, imported names, line)`` of every import in ``path``, at any depth (lazy imports too)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, [], node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.module, [alias.name for alias in node.names], node.lineno))
+    return found
+
+
+def _project_packages(root: Path) -> set[str]:
+    return {p.name for p in root.iterdir() if (p / "__init__.py").is_file()} | {p.stem for p in root.glob("*.py")}
+
+
+def _violations(root: Path = ROOT) -> list[str]:
+    """One line per import under ``root`` that breaks a rule."""
+    project = _project_packages(root)
+    found = []
+    for path in _sources(root):
+        me = _module_name(path, root)
+        top = me.split(".")[0]
+        is_cli = me in CLIS or top == "scripts"
+        for module, names, line in _imports(path):
+            target = module.split(".")[0]
+            if target not in project:
+                continue
+            where = f"{path.relative_to(root)}:{line} imports {module}"
+            if top in ALLOWED and target not in ALLOWED[top]:
+                found.append(f"{where}: {top} may import only {sorted(ALLOWED[top])}")
+            if target in ENTRY_POINTS and target != top:
+                found.append(f"{where}: nothing imports an entry point ({target})")
+            if (module in CLIS or target == "scripts") and module != me:
+                found.append(f"{where}: {'a CLI' if is_cli else 'a module'} imports a CLI")
+            private = [n for n in names if n.startswith("_") and not n.startswith("__")]
+            if private and module != me:
+                found.append(f"{where}: private name(s) {private} of another module")
+    return found
+
+
+def test_the_layering_rules_hold():
+    assert _violations() == []
+
+
+@pytest.mark.parametrize("module, source, rule", [
+    ("utils/probe.py", "from eval.verification import evaluate\n", "utils may import only"),
+    ("dataset/probe.py", "import backbones\n", "dataset may import only"),
+    ("eval/probe.py", "def f():\n    from scripts.rec_info import rec_info\n", "nothing imports an entry point"),
+    ("eval/ijb.py", "from eval.verify import target_paths\n", "a CLI imports a CLI"),
+    ("eval/probe.py", "from dataset.recordio import _parse_idx\n", "private name"),
+])
+def test_the_checker_finds_a_violation(tmp_path, module, source, rule):
+    """The checker itself, on a small tree that breaks one rule."""
+    for package in ("utils", "dataset", "eval", "scripts", "backbones"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / module).write_text(source)
+    assert any(rule in v and module in v for v in _violations(tmp_path)), _violations(tmp_path)
