@@ -3,8 +3,9 @@
 The block is the "IR" unit of ArcFace (Deng et al., CVPR 2019, https://arxiv.org/abs/1801.07698, Fig. 7):
 BN → conv3×3 → BN → PReLU → conv3×3 (stride) → BN, added to the shortcut with no activation after the
 sum. Attribute names, shapes, BatchNorm eps (1e-5) and momentum (PyTorch's default 0.1) follow the
-insightface ``arcface_torch`` state_dict layout (see shared/FORMATS.md, "Backbone weights in
-circulation"), so an official ``backbone.pth`` loads with ``strict=True`` and gives the same embeddings.
+insightface ``arcface_torch`` state_dict layout (keys from the attribute names: ``conv1``, ``bn1``, ``prelu``,
+``layer1.0.bn1`` ..., ``bn2``, ``fc``, ``features``), so an official ``backbone.pth`` loads with ``strict=True``
+and gives the same embeddings.
 ``fc`` and ``features`` (the embedding layers) run in full precision outside autocast, as in the
 official models, whose autocast region ends after the dropout.
 """

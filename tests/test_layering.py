@@ -1,12 +1,9 @@
-"""The layers of the code base, checked on the source (issue 12): who may import whom.
+"""The layers of the code base, checked on the source: who may import whom.
 
-- ``utils`` is generic: it imports nothing else of the project;
-- ``dataset`` (formats, datasets, loaders) imports only ``utils`` of the project;
-- ``eval`` imports only ``dataset``, ``backbones`` and ``utils`` (and itself);
-- nothing imports ``scripts/``, ``bench/`` or ``train`` (entry points; ``bench`` shares its own ``bench.common``);
-- no CLI imports another CLI; no module imports another module's ``_private`` name.
-
-Tests are exempt: they import entry points and private names to test them.
+The rules are docs/ARCHITECTURE.md's table "Who imports whom" (read from the page, so the drawing and the
+code cannot drift apart); besides: nothing imports ``scripts/``, ``bench/`` or ``train`` (entry points;
+``bench`` shares its own ``bench.common``); no CLI imports another CLI; no module imports another
+module's ``_private`` name. Tests are exempt: they import entry points and private names to test them.
 """
 from __future__ import annotations
 
@@ -18,11 +15,20 @@ import pytest
 from tests.helpers import ROOT
 
 CLIS = {"eval.verify", "eval.ijb"}  # plus every module under scripts/
-ALLOWED = {  # package -> the project's top-level packages its modules may import
-    "utils": {"utils"},
-    "dataset": {"dataset", "utils"},
-    "eval": {"eval", "dataset", "backbones", "utils"},
-}
+
+
+def drawn_rules(page: Path) -> dict[str, set[str]]:
+    """``{part: the parts it may import, itself included}`` from the architecture page's table."""
+    text = page.read_text()
+    table = text[text.index("| part | may import |"):].split("\n\n")[0].splitlines()[2:]
+    rules = {}
+    for row in table:
+        part, allowed = (cell.strip() for cell in row.strip("|").split("|"))
+        rules[part.strip("`")] = {part.strip("`")} | {a.strip().strip("`") for a in allowed.split(",") if "`" in a}
+    return rules
+
+
+ALLOWED = drawn_rules(ROOT / "docs" / "ARCHITECTURE.md")  # part -> the project's top-level parts it may import
 ENTRY_POINTS = {"scripts", "bench", "train"}
 
 
@@ -94,3 +100,10 @@ def test_the_checker_finds_a_violation(tmp_path, module, source, rule):
         (tmp_path / package / "__init__.py").write_text("")
     (tmp_path / module).write_text(source)
     assert any(rule in v and module in v for v in _violations(tmp_path)), _violations(tmp_path)
+
+
+def test_the_drawn_table_covers_every_part_of_the_tree():
+    parts = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file() or p.name == "configs"} | {
+        p.stem for p in ROOT.glob("*.py")} - {"tests"}
+    assert parts - {"tests"} <= set(ALLOWED), sorted(parts - set(ALLOWED))
+    assert ALLOWED["utils"] == {"utils"} and ALLOWED["dataset"] == {"dataset", "utils"}
