@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from losses import AdaFace, ArcFace, CombinedMarginLoss, CosFace
+from tests.references import adaface_reference
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -126,24 +127,6 @@ def test_bad_labels_raise():
 
 
 # ---------------------------------------------------------------------------------------- AdaFace
-def _adaface_reference(cos: torch.Tensor, labels: torch.Tensor, norms: torch.Tensor, mean: float, std: float,
-                       s: float, m: float, h: float, t_alpha: float, update: bool = True):
-    """AdaFace (Kim et al., CVPR 2022) written out from the paper's equations with plain autograd, in float64:
-    EMA of the clipped norms' mean and unbiased std first, then the per-sample angular and additive margins."""
-    eps = 1e-3
-    safe = norms.double().clamp(0.001, 100)
-    if update:
-        mean = t_alpha * safe.mean() + (1 - t_alpha) * mean
-        std = t_alpha * safe.std() + (1 - t_alpha) * std
-    q = ((safe - mean) / (std + eps) * h).clamp(-1, 1)
-    onehot = torch.zeros(cos.shape, dtype=torch.float64)
-    rows = labels != -1
-    onehot[rows, labels[rows]] = 1.0
-    theta = cos.clamp(-1 + eps, 1 - eps).acos()
-    theta_m = (theta + onehot * (-m * q)[:, None]).clamp(eps, math.pi - eps)
-    return (theta_m.cos() - onehot * (m + m * q)[:, None]) * s, float(mean), float(std)
-
-
 def _adaface_inputs():
     g = torch.Generator().manual_seed(4)
     cos = torch.rand(7, 5, generator=g, dtype=torch.float64) * 1.8 - 0.9
@@ -167,7 +150,7 @@ def test_adaface_values_and_exact_gradient_match_the_paper(t_alpha, mean0, std0)
     out = margin(x, labels, norms.float())
     (out * weights).sum().backward()
     ref_x = cos.clone().requires_grad_()
-    ref, mean, std = _adaface_reference(ref_x, labels, norms, mean0, std0, 32.0, 0.4, 0.333, t_alpha)
+    ref, mean, std = adaface_reference(ref_x, labels, norms, mean0, std0, 32.0, 0.4, 0.333, t_alpha)
     (ref * weights.double()).sum().backward()
     torch.testing.assert_close(out.double(), ref.detach(), atol=2e-5, rtol=1e-6)
     torch.testing.assert_close(x.grad.double(), ref_x.grad, atol=2e-5, rtol=1e-5)
@@ -187,7 +170,7 @@ def test_adaface_running_statistics():
     for _ in range(3):
         norms = torch.rand(7, generator=g, dtype=torch.float64) * 30
         out = margin(cos.float(), labels, norms.float())
-        ref, mean, std = _adaface_reference(cos, labels, norms, mean, std, 16.0, 0.4, 0.333, 0.3)
+        ref, mean, std = adaface_reference(cos, labels, norms, mean, std, 16.0, 0.4, 0.333, 0.3)
         torch.testing.assert_close(out.double(), ref, atol=2e-5, rtol=1e-6)
     assert math.isclose(float(margin.batch_mean), mean, rel_tol=1e-6)
     assert math.isclose(float(margin.batch_std), std, rel_tol=1e-6)
