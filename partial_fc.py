@@ -49,6 +49,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from losses import Margin
 # The head's optimizers live in optimizers.py; their names stay importable from here, as README showed them.
 from optimizers import RowSparseAdamW, RowSparseSGD, build_head_optimizer
 from utils.distributed import (Tactic, all_gather_cat, all_gather_sizes, get_rank, get_world_size, resolve_tactic,
@@ -269,9 +270,9 @@ class PartialFC(nn.Module):
     the sample (``_sample``). Everything else stays on the device.
     """
 
-    def __init__(self, margin_loss: Callable[[Tensor, Tensor], Tensor], embedding_size: int, num_classes: int,
-                 sample_rate: float = 1.0, *, seed: int = 0, tactic: Tactic = "auto", sub_centers: int = 1,
-                 update: HeadUpdate = "sampled") -> None:
+    def __init__(self, margin_loss: Margin | Callable[[Tensor, Tensor], Tensor], embedding_size: int,
+                 num_classes: int, sample_rate: float = 1.0, *, seed: int = 0, tactic: Tactic = "auto",
+                 sub_centers: int = 1, update: HeadUpdate = "sampled") -> None:
         super().__init__()
         if not callable(margin_loss):
             raise ValueError(f"PartialFC: margin_loss must be callable (e.g. losses.ArcFace()), got {margin_loss!r}")
@@ -393,7 +394,7 @@ class PartialFC(nn.Module):
         cos, norms = _NormalizedLinear.apply(embeddings, self.weight, index, tactic,
                                              self.update == "sampled")  # (B_global, C_s·K) fp32, (B_global,)
         if self.sub_centers > 1:
-            # A class's cosine is its closest centre's; the gradient goes to that centre alone.
+            # A class's cosine is its closest centre's; the gradient goes to that centre (split between exact ties).
             cos = cos.view(cos.shape[0], -1, self.sub_centers).amax(dim=2)  # (B_global, C_s)
         if hasattr(self.margin_loss, "apply_margin"):
             logits = self.margin_loss.apply_margin(cos, target, norms)  # (B_global, C_s)
