@@ -3,8 +3,8 @@
 Everything as configs/demo_cpu.py (tiny backbone, the same synthetic identities and verification pairs,
 2 CPU ranks, Partial FC sampling half the class centres, AdamW, 700 steps) except the margin: AdaFace with
 m = 0.2, the demo's CosFace margin (at average image quality, q = 0, AdaFace's target logit is exactly
-CosFace's s * (cos(theta) - m); sharper images get more, blurrier ones less), the paper's h and t_alpha, and
-its exact gradient.
+CosFace's s * (cos(theta) - m); sharper images get more, blurrier ones less), the paper's h and t_alpha (the
+defaults of configs/base.py) and its exact gradient.
 """
 from easydict import EasyDict as edict
 
@@ -14,8 +14,6 @@ config.network_kwargs = {"widths": (8, 16, 32, 64)}
 config.embedding_size = 128
 config.margin = "adaface"
 config.adaface_m = 0.2
-config.adaface_h = 0.333
-config.adaface_t_alpha = 0.01
 config.margin_gradient = "exact"
 config.margin_scale = 32.0
 config.sample_rate = 0.5
