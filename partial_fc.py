@@ -10,12 +10,18 @@ Gradient convention (see ``utils.distributed``): ``loss`` is the mean cross-entr
 batch; after ``loss.backward()``, ``local_embeddings.grad`` is ``W × ∂loss/∂local_embeddings`` so that
 DDP's averaging of the backbone gradients yields the single-process gradient, and ``weight.grad`` is
 ``∂loss/∂weight`` for this rank's shard (dense at ``sample_rate == 1``; a sparse COO tensor whose rows
-are the sampled classes at ``sample_rate < 1``).
+are the sampled classes at ``sample_rate < 1``, or dense with zero rows with ``update="all"``).
 
 Sampling (``sample_rate < 1``, the Partial FC method): a step uses every class present in the global batch
 plus uniformly drawn negatives; the gathered rows get a sparse gradient, and the head's optimizers
 (``optimizers.RowSparseSGD`` / ``RowSparseAdamW``, built by ``optimizers.build_optimizers``) update only
-those rows and their state.
+those rows and their state. ``update="all"`` reproduces arcface_torch instead: a dense gradient, so every
+row and its optimizer state move every step.
+
+Sub-centres (``sub_centers = K > 1``): each class has K centres, stored side by side in its row of
+``weight`` ``(num_local, K·D)``; a class's cosine is the largest of its centres'. Rows stay one per class,
+so sharding, sampling, the optimizers' row-wise state and the checkpoints' re-partitioning treat a class's
+K centres as one unit.
 
 How a trainer uses it (``train.py`` does exactly this, plus one skip-or-step decision for both optimizers)::
 
@@ -31,23 +37,26 @@ How a trainer uses it (``train.py`` does exactly this, plus one skip-or-step dec
 
 The head is not wrapped in DDP (its parameters are different on every rank). Checkpoints save each
 rank's ``weight`` and ``opt_head.state_dict()``; every state tensor has first dimension ``num_local``
-so shards can be re-partitioned to another world size row by row.
+so shards can be re-partitioned to another world size row by row. The margin's buffers (AdaFace's running
+statistics) are the same on every rank and saved once.
 """
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
+from losses import Margin
 # The head's optimizers live in optimizers.py; their names stay importable from here, as README showed them.
 from optimizers import RowSparseAdamW, RowSparseSGD, build_head_optimizer
 from utils.distributed import (Tactic, all_gather_cat, all_gather_sizes, get_rank, get_world_size, resolve_tactic,
                                rows_per_block, sharded_cross_entropy, to_host)
 
-__all__ = ["PartialFC", "PartialFC_V2", "RowSparseAdamW", "RowSparseSGD", "build_head_optimizer", "class_partition",
-           "sample_size"]
+__all__ = ["HEAD_UPDATES", "HeadUpdate", "PartialFC", "PartialFC_V2", "RowSparseAdamW", "RowSparseSGD",
+           "build_head_optimizer", "class_partition", "sample_size"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +65,9 @@ _NORM_EPS = 1e-12  # as F.normalize
 _M30 = (1 << 30) - 1
 _LIFT = 1 << 62  # added to a positive's sampling key
 _M31 = (1 << 31) - 1
+
+HeadUpdate = Literal["sampled", "all"]
+HEAD_UPDATES = ("sampled", "all")
 
 
 def class_partition(num_classes: int, world_size: int, rank: int) -> tuple[int, int]:
@@ -125,12 +137,17 @@ def _sampling_keys(class_ids: Tensor, seed: Tensor) -> Tensor:
 
 
 class _NormalizedLinear(torch.autograd.Function):
-    """Cosines between rows of ``emb (B, D)`` and rows ``index (C,)`` of ``weight (N, D)``: ``(B, C)`` fp32.
+    """Cosines between rows of ``emb (B, D)`` and the centres of rows ``index (C,)`` of ``weight (N, K·D)``:
+    ``(B, C·K)`` fp32, and the embedding norms ``|emb| (B,)`` fp32 (not differentiable: margins that read
+    them, AdaFace, treat them as constants).
 
-    ``index`` (sorted, unique) selects the sampled rows; ``None`` uses all ``N`` rows. With an index the
-    weight gradient is a coalesced sparse ``(N, D)`` tensor whose values are this step's gathered copy of
-    the rows, overwritten by their gradient (what ``F.embedding(sparse=True)`` gives, without its extra
-    buffers).
+    A weight row holds its class's ``K`` centres (sub-centres) side by side, so ``weight`` is the
+    ``(N·K, D)`` matrix of centres with class ``c``'s centres in rows ``c·K … c·K + K − 1``, and column
+    ``j·K + k`` of the cosines is centre ``k`` of the ``j``-th selected class. ``index`` (sorted, unique)
+    selects the sampled rows; ``None`` uses all ``N`` rows. With an index and ``sparse`` the weight gradient
+    is a coalesced sparse ``(N, K·D)`` tensor whose values are this step's gathered copy of the rows,
+    overwritten by their gradient (what ``F.embedding(sparse=True)`` gives, without its extra buffers);
+    without ``sparse`` it is dense, zero on the rows that were not selected (arcface_torch's gradient).
 
     Forward: ``cos = (emb / |emb|) @ (weight / |weight|)ᵀ``, computed as ``(ê @ Wᵀ) · diag(1/|W|)`` so the
     normalised weight is never materialised. The products run in ``compute_dtype`` (the ambient autocast
@@ -144,12 +161,14 @@ class _NormalizedLinear(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, emb: Tensor, weight: Tensor, index: Tensor | None, tactic: str) -> Tensor:
+    def forward(ctx, emb: Tensor, weight: Tensor, index: Tensor | None, tactic: str,
+                sparse: bool) -> tuple[Tensor, Tensor]:
         device_type = emb.device.type
         compute_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) \
             else torch.float32
         with torch.autocast(device_type, enabled=False):
-            rows = weight if index is None else weight.index_select(0, index)  # (C, D)
+            rows = weight if index is None else weight.index_select(0, index)  # (C, K·D)
+            rows = rows.view(-1, emb.shape[1])  # (C·K, D) one centre per row
             emb = emb.float()
             e_norm = torch.linalg.vector_norm(emb, dim=1)  # (B,)
             w_norm = torch.linalg.vector_norm(rows, dim=1)  # (C,)
@@ -163,12 +182,14 @@ class _NormalizedLinear(torch.autograd.Function):
             cos.mul_(inv_w[None, :])
         ctx.compute_dtype = compute_dtype
         ctx.tactic = tactic
+        ctx.sparse = sparse
         ctx.weight_shape = weight.shape
         ctx.save_for_backward(e_hat, rows, index, inv_e, inv_w, e_norm > _NORM_EPS, w_norm > _NORM_EPS, cos)
-        return cos
+        ctx.mark_non_differentiable(e_norm)
+        return cos, e_norm
 
     @staticmethod
-    def backward(ctx, grad: Tensor):
+    def backward(ctx, grad: Tensor, _grad_norm: Tensor | None):
         e_hat, rows, index, inv_e, inv_w, e_ok, w_ok, cos = ctx.saved_tensors
         cd = ctx.compute_dtype
         dot_w = torch.zeros_like(inv_w)  # (C,)
@@ -197,12 +218,15 @@ class _NormalizedLinear(torch.autograd.Function):
             else:
                 values = torch.mm(scaled.t().to(cd), e_hat.to(cd)).float()  # (C, D)
                 values.addcmul_(rows, coef, value=-1.0)
+            values = values.view(-1, ctx.weight_shape[1])  # (C, K·D) back to one row per class
             if index is None:
                 grad_weight = values
-            else:
+            elif ctx.sparse:
                 grad_weight = torch.sparse_coo_tensor(index[None], values, ctx.weight_shape,
-                                                      is_coalesced=True, check_invariants=False)  # (N, D)
-        return grad_emb, grad_weight, None, None
+                                                      is_coalesced=True, check_invariants=False)  # (N, K·D)
+            else:
+                grad_weight = values.new_zeros(ctx.weight_shape).index_copy_(0, index, values)  # (N, K·D)
+        return grad_emb, grad_weight, None, None, None
 
 
 class PartialFC(nn.Module):
@@ -210,8 +234,11 @@ class PartialFC(nn.Module):
 
     Args:
         margin_loss: maps ``(cosines (B, C_sampled), labels (B,) with -1 = elsewhere)`` to scaled logits,
-            e.g. ``losses.ArcFace()``. When it has an ``apply_margin`` method (every margin in ``losses``),
-            the head calls that: it has checked the labels itself.
+            e.g. ``losses.ArcFace()``. When it has an ``apply_margin`` method (every margin in ``losses``:
+            the ``losses.Margin`` protocol), the head calls ``apply_margin(cosines, labels, norms)`` with the
+            norms ``(B,)`` of the gathered embeddings (it has checked the labels itself); a plain callable is
+            called with ``(cosines, labels)``. A module margin is a submodule: its buffers (AdaFace's running
+            statistics) are the head's, the same on every rank.
         embedding_size: D.
         num_classes: C over all ranks (>= world size).
         sample_rate: fraction of this rank's classes used per step, in (0, 1]. Below 1, every class in the
@@ -223,8 +250,18 @@ class PartialFC(nn.Module):
             world size (see ``_init_rows``).
         tactic: ``"auto"`` (default: by the device of the embeddings), ``"row_blocks"`` or ``"fixed_ops"``;
             see ``utils.distributed.resolve_tactic``. Both give the same values.
+        sub_centers: K >= 1 centres per class (sub-center ArcFace: Deng et al., "Sub-center ArcFace: Boosting
+            Face Recognition by Large-scale Noisy Web Faces", ECCV 2020). A class's cosine is the largest of
+            its K centres' (for the target and every other class alike), so noisy images of a class gather
+            at a non-dominant centre instead of pulling the dominant one. The K centres of a class live in
+            one row of ``weight`` (see ``_NormalizedLinear``): they are owned by one rank, sampled together,
+            and share the row's optimizer state; 1 is the plain head.
+        update: ``"sampled"`` (default, the original Partial FC method): with ``sample_rate < 1`` the weight
+            gradient is sparse, so the row-sparse optimizers update only the sampled rows and their state;
+            ``"all"`` (arcface_torch's): the gradient is dense, zero on unsampled rows, so momentum and weight
+            decay move every row every step. Both are the same at ``sample_rate == 1``.
 
-    Attributes: ``weight`` (num_local, D) fp32 Parameter, ``class_start``, ``num_local``.
+    Attributes: ``weight`` (num_local, K·D) fp32 Parameter, ``class_start``, ``num_local``, ``sub_centers``.
     ``forward(local_embeddings (B, D), local_labels (B,))`` returns the mean loss over the global batch;
     B may differ between ranks and steps.
 
@@ -233,8 +270,9 @@ class PartialFC(nn.Module):
     the sample (``_sample``). Everything else stays on the device.
     """
 
-    def __init__(self, margin_loss: Callable[[Tensor, Tensor], Tensor], embedding_size: int, num_classes: int,
-                 sample_rate: float = 1.0, *, seed: int = 0, tactic: Tactic = "auto") -> None:
+    def __init__(self, margin_loss: Margin | Callable[[Tensor, Tensor], Tensor], embedding_size: int,
+                 num_classes: int, sample_rate: float = 1.0, *, seed: int = 0, tactic: Tactic = "auto",
+                 sub_centers: int = 1, update: HeadUpdate = "sampled") -> None:
         super().__init__()
         if not callable(margin_loss):
             raise ValueError(f"PartialFC: margin_loss must be callable (e.g. losses.ArcFace()), got {margin_loss!r}")
@@ -242,6 +280,10 @@ class PartialFC(nn.Module):
             raise ValueError(f"PartialFC: embedding_size={embedding_size} must be >= 1")
         if not 0.0 < sample_rate <= 1.0:
             raise ValueError(f"PartialFC: sample_rate={sample_rate} must be in (0, 1]")
+        if isinstance(sub_centers, bool) or not isinstance(sub_centers, int) or sub_centers < 1:
+            raise ValueError(f"PartialFC: sub_centers={sub_centers!r} must be an integer >= 1")
+        if update not in HEAD_UPDATES:
+            raise ValueError(f"PartialFC: update={update!r} is unknown; expected one of {HEAD_UPDATES}")
         resolve_tactic(tactic, "cpu")  # validates the name
         self.world_size = get_world_size()
         self.rank = get_rank()
@@ -251,12 +293,17 @@ class PartialFC(nn.Module):
         self.num_classes = num_classes
         self.sample_rate = sample_rate
         self.tactic: Tactic = tactic
-        self.weight = nn.Parameter(_init_rows(seed, self.class_start, self.num_local, embedding_size))
+        self.sub_centers = sub_centers
+        self.update: HeadUpdate = update
+        # Centre k of class c is centre row c·K + k of the (C·K, D) matrix: its initial value depends only on
+        # (seed, c·K + k), so the full weight does not depend on the world size.
+        rows = _init_rows(seed, self.class_start * sub_centers, self.num_local * sub_centers, embedding_size)
+        self.weight = nn.Parameter(rows.view(self.num_local, sub_centers * embedding_size))  # (num_local, K·D)
 
     def extra_repr(self) -> str:
         return (f"embedding_size={self.embedding_size}, num_classes={self.num_classes}, "
                 f"sample_rate={self.sample_rate}, class_start={self.class_start}, num_local={self.num_local}, "
-                f"tactic={self.tactic!r}")
+                f"sub_centers={self.sub_centers}, update={self.update!r}, tactic={self.tactic!r}")
 
     def _check_inputs(self, local_embeddings: Tensor, local_labels: Tensor) -> list[int]:
         """Gather every rank's input shapes and label range; raise the same ``ValueError`` on every rank if
@@ -344,9 +391,15 @@ class PartialFC(nn.Module):
             index = None
             target = torch.where(in_shard, local, -1)  # (B_global,)
 
-        cos = _NormalizedLinear.apply(embeddings, self.weight, index, tactic)  # (B_global, C_s) fp32
-        margin = getattr(self.margin_loss, "apply_margin", self.margin_loss)
-        logits = margin(cos, target)  # (B_global, C_s)
+        cos, norms = _NormalizedLinear.apply(embeddings, self.weight, index, tactic,
+                                             self.update == "sampled")  # (B_global, C_s·K) fp32, (B_global,)
+        if self.sub_centers > 1:
+            # A class's cosine is its closest centre's; the gradient goes to that centre (split between exact ties).
+            cos = cos.view(cos.shape[0], -1, self.sub_centers).amax(dim=2)  # (B_global, C_s)
+        if hasattr(self.margin_loss, "apply_margin"):
+            logits = self.margin_loss.apply_margin(cos, target, norms)  # (B_global, C_s)
+        else:
+            logits = self.margin_loss(cos, target)  # (B_global, C_s)
         return sharded_cross_entropy(logits, target, tactic)
 
 

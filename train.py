@@ -37,7 +37,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from backbones import get_model
 from dataset import DaliLoader, FaceDataLoader, build_dataset, get_dali_dataloader, get_dataloader
 from eval.callback import CallbackVerification
-from losses import CombinedMarginLoss
+from losses import build_margin
 from optimizers import build_optimizers
 from partial_fc import PartialFC
 from utils import checkpoint
@@ -132,9 +132,8 @@ def build(cfg: Config, rank: int, world_size: int, device: torch.device, logger:
     if cfg.compile:
         wrapped = torch.compile(wrapped, backend=cfg.compile_backend)
 
-    margin = CombinedMarginLoss(cfg.margin_scale, *cfg.margin_list, cfg.interclass_filtering_threshold,
-                                gradient=cfg.margin_gradient)
-    head = PartialFC(margin, cfg.embedding_size, cfg.num_classes, cfg.sample_rate, seed=cfg.seed).to(device)
+    head = PartialFC(build_margin(cfg), cfg.embedding_size, cfg.num_classes, cfg.sample_rate, seed=cfg.seed,
+                     sub_centers=cfg.sub_centers, update=cfg.head_update).to(device)
     opt_backbone, opt_head = build_optimizers(cfg.optimizer, backbone.parameters(), head, cfg.lr, cfg.momentum,
                                               cfg.weight_decay)
     configure_tf32(device, cfg.tf32)

@@ -35,21 +35,42 @@ config.compile = False
 config.compile_backend = "inductor"
 
 # ---------------------------------------------------------------- margin loss
+# Margin: "combined" (the margin_list formula below: ArcFace, CosFace and their combinations) | "adaface"
+# (AdaFace, CVPR 2022: each sample's margin follows its embedding norm relative to running statistics of the
+# norms; set by adaface_m, adaface_h, adaface_t_alpha and margin_scale; margin_list does not apply and
+# interclass filtering is refused). AdaFace's paper differentiates through its margin: margin_gradient = "exact".
+config.margin = "combined"
 # Combined margin (m1, m2, m3): target logit s * (cos(m1 * theta + m2) - m3).
 # ArcFace: (1.0, 0.5, 0.0); CosFace: (1.0, 0.0, 0.4). m1 > 0, m2 >= 0, m3 >= 0.
 config.margin_list = (1.0, 0.5, 0.0)
 # Logit scale s (the radius of the hypersphere); > 0.
 config.margin_scale = 64.0
 # Gradient through the margin: "straight_through" (as arcface_torch: the margin is applied without gradient,
-# so d(target logit)/d(cos theta) is taken as 1) | "exact" (differentiate s * (cos(m1*theta + m2) - m3)).
+# so d(target logit)/d(cos theta) is taken as 1) | "exact" (differentiate s * (cos(m1*theta + m2) - m3), or
+# AdaFace's formula as its authors' code does).
 config.margin_gradient = "straight_through"
 # Inter-class filtering (arcface_torch): a sample's non-target cosines above this threshold are zeroed
 # (likely label noise: the same person filed under two identities). 0 = off; range [0, 1).
 config.interclass_filtering_threshold = 0.0
+# AdaFace margin m (its paper: 0.4): the target logit is s * (cos(theta + g_angle) - g_add) with
+# g_angle = -m * q and g_add = m + m * q for a quality q in [-1, 1] from the norm; >= 0.
+config.adaface_m = 0.4
+# AdaFace h (its paper: 0.333): q = clip(h * (norm - running mean) / running std, -1, 1); >= 0.
+config.adaface_h = 0.333
+# AdaFace t_alpha (its paper: 0.01): weight of each global batch in the running mean and std of the embedding
+# norms; in (0, 1].
+config.adaface_t_alpha = 0.01
 
 # ---------------------------------------------------------------- Partial FC
 # Fraction of class centres sampled per step (all positives + random negatives); range (0, 1]. 1 = full softmax.
 config.sample_rate = 1.0
+# Centres per class (sub-center ArcFace, ECCV 2020): a class's cosine is that of its closest centre, so noisy
+# images of a class gather at a secondary centre instead of pulling the main one; 1 = one centre; >= 1.
+config.sub_centers = 1
+# What a step updates when sample_rate < 1: "sampled" (the Partial FC paper: only the sampled class centres and
+# their optimizer state) | "all" (arcface_torch: every centre every step; momentum and weight decay also move
+# unsampled ones; to reproduce its published numbers exactly). The same at sample_rate = 1.
+config.head_update = "sampled"
 
 # ---------------------------------------------------------------- precision
 # Mixed precision with float16 autocast and dynamic loss scaling (one skip-or-step decision for backbone and

@@ -44,7 +44,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-__all__ = ["ArcFace", "CombinedMarginLoss", "CosFace", "GradientMode"]
+__all__ = ["ArcFace", "CombinedMarginLoss", "CosFace", "GradientMode", "check_labels"]
 
 GradientMode = Literal["straight_through", "exact"]
 _GRADIENT_MODES = ("straight_through", "exact")
@@ -64,6 +64,24 @@ def _exact_factor(x: Tensor, m1: float, m2: float) -> Tensor:
     theta = torch.acos(x.clamp(-1.0 + delta, 1.0 - delta))
     # sin(theta) from the same theta, so that m1 = 1, m2 = 0 gives exactly 1.
     return m1 * torch.sin(theta * m1 + m2) / torch.sin(theta)
+
+
+def check_labels(owner: str, cosines: Tensor, labels: Tensor) -> Tensor:
+    """``labels`` as ``(B,)`` int64 after checking them against ``cosines (B, C)``: one label per row, each in
+    ``[-1, C)`` (-1 = the row's class is not among these columns). Reads the labels on the host.
+    Raises ``ValueError`` naming ``owner``, the shapes or the first bad label."""
+    if cosines.dim() != 2:
+        raise ValueError(f"{owner}: cosines must be (B, C), got shape {tuple(cosines.shape)}")
+    flat = labels.reshape(-1)
+    if flat.numel() != cosines.shape[0] or flat.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"{owner}: labels must be {cosines.shape[0]} int64 values for cosines of "
+                         f"shape {tuple(cosines.shape)}, got shape {tuple(labels.shape)} dtype {labels.dtype}")
+    flat = flat.long()
+    bad = (flat < -1) | (flat >= cosines.shape[1])  # (B,)
+    if bool(bad.any()):
+        raise ValueError(f"{owner}: label {int(flat[bad][0])} is outside [-1, {cosines.shape[1]}) "
+                         f"(-1 = target not in these {cosines.shape[1]} columns)")
+    return flat
 
 
 class _MarginFunction(torch.autograd.Function):
@@ -154,29 +172,20 @@ class CombinedMarginLoss(nn.Module):
         return (f"s={self.s}, m1={self.m1}, m2={self.m2}, m3={self.m3}, "
                 f"interclass_filtering_threshold={self.interclass_filtering_threshold}, gradient={self.gradient!r}")
 
-    def forward(self, logits: Tensor, labels: Tensor) -> Tensor:
+    def forward(self, logits: Tensor, labels: Tensor, norms: Tensor | None = None) -> Tensor:
         """Scaled logits ``(B, C)`` from cosines ``logits (B, C)`` and ``labels (B,)``/``(B, 1)`` (-1 = absent).
 
         Checks shapes, dtype and the label range (reading the labels on the host), then ``apply_margin``.
+        ``norms`` is accepted for the common margin protocol (see ``losses``) and not used.
         """
-        if logits.dim() != 2:
-            raise ValueError(f"CombinedMarginLoss: cosines must be (B, C), got shape {tuple(logits.shape)}")
-        labels = labels.reshape(-1)
-        if labels.numel() != logits.shape[0] or labels.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"CombinedMarginLoss: labels must be {logits.shape[0]} int64 values for cosines of "
-                             f"shape {tuple(logits.shape)}, got shape {tuple(labels.shape)} dtype {labels.dtype}")
-        labels = labels.long()
-        bad = (labels < -1) | (labels >= logits.shape[1])  # (B,)
-        if bool(bad.any()):
-            raise ValueError(f"CombinedMarginLoss: label {int(labels[bad][0])} is outside [-1, {logits.shape[1]}) "
-                             f"(-1 = target not in these {logits.shape[1]} columns)")
-        return self.apply_margin(logits, labels)
+        return self.apply_margin(logits, check_labels(type(self).__name__, logits, labels))
 
-    def apply_margin(self, logits: Tensor, labels: Tensor) -> Tensor:
+    def apply_margin(self, logits: Tensor, labels: Tensor, norms: Tensor | None = None) -> Tensor:
         """``forward`` without the checks, for callers that built ``labels (B,) int64`` in range themselves.
 
         ``partial_fc.PartialFC`` calls this: it has validated every rank's labels already, and the range
-        check would cost a host-device synchronisation per step on an accelerator.
+        check would cost a host-device synchronisation per step on an accelerator. ``norms`` (the embedding
+        norms every margin of ``losses`` receives) is not used: these margins depend on the angle only.
         """
         return _MarginFunction.apply(logits, labels, self.s, self.m1, self.m2, self.m3,
                                      self.interclass_filtering_threshold, self.gradient == "exact")

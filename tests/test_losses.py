@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from losses import ArcFace, CombinedMarginLoss, CosFace
+from losses import AdaFace, ArcFace, CombinedMarginLoss, CosFace
+from tests.references import adaface_reference
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -123,3 +124,114 @@ def test_bad_labels_raise():
         ArcFace()(torch.zeros(2, 5), torch.tensor([0, 5]))
     with pytest.raises(ValueError, match="label -2"):
         ArcFace()(torch.zeros(2, 5), torch.tensor([-2, 0]))
+
+
+# ---------------------------------------------------------------------------------------- AdaFace
+def _adaface_inputs():
+    g = torch.Generator().manual_seed(4)
+    cos = torch.rand(7, 5, generator=g, dtype=torch.float64) * 1.8 - 0.9
+    labels = torch.tensor([0, 1, -1, 3, 4, 2, 1])
+    norms = torch.tensor([60.0, 2.0, 15.0, 25.0, 0.0001, 300.0, 18.0], dtype=torch.float64)
+    cos[0, 0] = math.cos(0.2)  # high norm (q = 1): theta - m < eps, the angle clip binds
+    cos[1, 1] = -0.99999  # low norm (q = -1): theta + m > pi - eps, the angle clip binds
+    cos[3, 0], cos[3, 3] = 1.0, -1.0  # outside the cosine clamp
+    cos[4, 1] = 0.9995  # above 1 - eps: clamped
+    return cos, labels, norms
+
+
+@pytest.mark.parametrize("t_alpha, mean0, std0", [(1.0, 20.0, 100.0), (0.01, 20.0, 5.0)])
+def test_adaface_values_and_exact_gradient_match_the_paper(t_alpha, mean0, std0):
+    cos, labels, norms = _adaface_inputs()
+    margin = AdaFace(s=32.0, m=0.4, h=0.333, t_alpha=t_alpha)
+    margin.batch_mean.fill_(mean0)
+    margin.batch_std.fill_(std0)
+    x = cos.float().requires_grad_()
+    weights = torch.randn(cos.shape, generator=torch.Generator().manual_seed(5))
+    out = margin(x, labels, norms.float())
+    (out * weights).sum().backward()
+    ref_x = cos.clone().requires_grad_()
+    ref, mean, std = adaface_reference(ref_x, labels, norms, mean0, std0, 32.0, 0.4, 0.333, t_alpha)
+    (ref * weights.double()).sum().backward()
+    torch.testing.assert_close(out.double(), ref.detach(), atol=2e-5, rtol=1e-6)
+    torch.testing.assert_close(x.grad.double(), ref_x.grad, atol=2e-5, rtol=1e-5)
+    assert x.grad[3, 0] == 0 and x.grad[3, 3] == 0 and x.grad[4, 1] == 0  # the cosine clamp binds
+    if std0 == 5.0:  # q = +1 and -1: the angle clip binds on samples 0 and 1
+        assert x.grad[0, 0] == 0 and x.grad[1, 1] == 0
+    assert math.isclose(float(margin.batch_mean), mean, rel_tol=1e-6)
+    assert math.isclose(float(margin.batch_std), std, rel_tol=1e-6)
+
+
+def test_adaface_running_statistics():
+    """Three batches follow the EMA; eval mode, a one-sample batch and non-finite norms leave them alone."""
+    margin = AdaFace(s=16.0, m=0.4, h=0.333, t_alpha=0.3)
+    cos, labels, _ = _adaface_inputs()
+    mean, std = 20.0, 100.0
+    g = torch.Generator().manual_seed(6)
+    for _ in range(3):
+        norms = torch.rand(7, generator=g, dtype=torch.float64) * 30
+        out = margin(cos.float(), labels, norms.float())
+        ref, mean, std = adaface_reference(cos, labels, norms, mean, std, 16.0, 0.4, 0.333, 0.3)
+        torch.testing.assert_close(out.double(), ref, atol=2e-5, rtol=1e-6)
+    assert math.isclose(float(margin.batch_mean), mean, rel_tol=1e-6)
+    assert math.isclose(float(margin.batch_std), std, rel_tol=1e-6)
+    saved = [b.clone() for b in margin.buffers()]
+    margin.eval()
+    margin(cos.float(), labels, torch.full((7,), 50.0))
+    margin.train()
+    margin(cos[:1].float(), labels[:1], torch.tensor([50.0]))  # std of one sample is undefined
+    nan_norms = torch.full((7,), 10.0)
+    nan_norms[2] = float("nan")
+    margin(cos.float(), labels, nan_norms)
+    assert all(torch.equal(b, a) for b, a in zip(margin.buffers(), saved))
+    margin(cos.float(), labels, torch.full((7,), float("inf")))  # clipped to 100: finite statistics, used
+    torch.testing.assert_close(margin.batch_mean, saved[0] * 0.7 + 30.0)
+    torch.testing.assert_close(margin.batch_std, saved[1] * 0.7)
+    assert margin.state_dict().keys() == {"batch_mean", "batch_std"}
+
+
+def test_adaface_straight_through_gradient_is_s_everywhere():
+    cos, labels, norms = _adaface_inputs()
+    x = cos.float().requires_grad_()
+    weights = torch.randn(cos.shape)
+    (AdaFace(s=8.0, gradient="straight_through")(x, labels, norms.float()) * weights).sum().backward()
+    torch.testing.assert_close(x.grad, 8.0 * weights)
+
+
+def test_adaface_h_zero_is_cosface():
+    cos, labels, norms = _adaface_inputs()
+    cos = cos.float().clamp(-0.99, 0.99)
+    torch.testing.assert_close(AdaFace(s=8.0, m=0.3, h=0.0)(cos, labels, norms.float()),
+                               CosFace(s=8.0, m=0.3)(cos, labels))
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(s=-1.0), "s=-1.0"), (dict(m=-0.1), "m=-0.1"), (dict(h=float("nan")), "h=nan"),
+    (dict(t_alpha=0.0), "t_alpha=0.0"), (dict(gradient="approx"), "gradient='approx'"),
+])
+def test_adaface_bad_arguments_raise(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        AdaFace(**kwargs)
+
+
+def test_adaface_checks_labels_and_norms():
+    with pytest.raises(ValueError, match="AdaFace: label 5 is outside"):
+        AdaFace()(torch.zeros(2, 5), torch.tensor([0, 5]), torch.ones(2))
+    with pytest.raises(ValueError, match=r"norms must be \(2,\)"):
+        AdaFace()(torch.zeros(2, 5), torch.tensor([0, 1]), torch.ones(2, 1))
+
+
+def test_build_margin_from_config():
+    from losses import MARGINS, build_margin
+    from utils.config import load_config
+
+    combined = build_margin(load_config("configs/debug_cpu", ["margin_list=1,0,0.35", "margin_scale=30",
+                                                              "margin_gradient=exact"]))
+    assert isinstance(combined, CombinedMarginLoss)
+    assert (combined.s, combined.m1, combined.m2, combined.m3, combined.gradient) == (30.0, 1.0, 0.0, 0.35, "exact")
+    ada = build_margin(load_config("configs/debug_cpu", ["margin=adaface", "adaface_m=0.3", "adaface_h=0.5",
+                                                         "adaface_t_alpha=0.1", "margin_scale=32"]))
+    assert isinstance(ada, AdaFace)
+    assert (ada.s, ada.m, ada.h, ada.t_alpha, ada.gradient) == (32.0, 0.3, 0.5, 0.1, "straight_through")
+    assert sorted(MARGINS) == ["adaface", "combined"]
+    with pytest.raises(ValueError, match=r"margin = 'sphereface' is unknown; expected one of \['adaface', 'c"):
+        build_margin({"margin": "sphereface"})

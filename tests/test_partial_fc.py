@@ -1,7 +1,8 @@
 """PartialFC and its optimizers against single-process references on 1, 2 and 3 gloo ranks.
 
 Each spawned run groups several checks (sample_rate 1 loss/gradients for ArcFace and CosFace, a DDP
-training step with SGD and AdamW, sparse sampling, label errors, a saturated loss) to keep the number
+training step with SGD and AdamW, sparse sampling, label errors, a saturated loss; AdaFace and sub-centres
+with and without sampling; arcface_torch's update of every row against torch's optimizers) to keep the number
 of process starts low.
 """
 from __future__ import annotations
@@ -12,10 +13,11 @@ import torch.nn.functional as F
 from torch import nn
 
 import partial_fc
-from losses import ArcFace, CosFace
+from losses import AdaFace, ArcFace, CosFace
 from partial_fc import PartialFC, RowSparseAdamW, RowSparseSGD, build_head_optimizer, class_partition
 from utils.distributed import run_on_local_ranks
 from utils.distributed import sharded_cross_entropy
+from tests.references import adaface_reference, head_loss
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -113,6 +115,9 @@ def _worker(rank: int, world: int) -> dict:
     out["sat/cols"] = cols.numpy()
     # 5. sample_rate < 1 with a row-sparse optimizer (SGD on 1 and 3 ranks, AdamW on 2)
     out["sparse"] = _sparse_step(rank, world, "adamw" if world == 2 else "sgd")
+    # 6. AdaFace and sub-centres, dense and sampled, two steps; 7. update="all" against torch's optimizers
+    out["heads"] = {case: _head_steps(rank, *case) for case in HEAD_CASES}
+    out["update_all"] = {name: _update_all_steps(rank, name) for name in ("sgd", "adamw")}
     return out
 
 
@@ -188,6 +193,15 @@ def test_partial_fc_matches_single_process(world):
 
     # 5. sampled classes and the sparse update
     _check_sampled_sparse_update([res["sparse"] for res in results], world)
+
+    # 6. AdaFace and sub-centres against the single-process full softmax over the classes each step used
+    for case in HEAD_CASES:
+        _check_head_steps(case, [res["heads"][case] for res in results], world)
+
+    # 7. update="all" is a dense torch.optim step over each rank's full shard
+    for name in ("sgd", "adamw"):
+        for res in results:
+            _check_update_all(name, res["update_all"][name])
 
 
 def _sparse_step(rank: int, world: int, opt_name: str) -> dict:
@@ -392,3 +406,139 @@ def test_loaded_optimizer_state_follows_the_parameter_device():
         opt.load_state_dict(saved)
         devices = {k: v.device.type for k, v in opt.state[head.weight].items()}
         assert set(devices.values()) == {"meta"}, devices
+
+
+# ---------------------------------------------------------------------------------------- AdaFace, sub-centres
+HEAD_CLASSES = 40
+# (margin, sub-centres K, sample rate): every rank must equal one process's full softmax over the used classes.
+HEAD_CASES = (("adaface", 1, 1.0), ("arcface", 3, 1.0), ("adaface", 2, 0.25), ("arcface", 2, 0.25))
+ADAFACE = dict(s=16.0, m=0.4, h=0.333, t_alpha=0.5)  # t_alpha 0.5: the statistics move visibly in two steps
+
+
+def _head_batch(world: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(embeddings (N, D), labels (N,)) of one step; norms spread over 1..10 so AdaFace's margins differ."""
+    g = torch.Generator().manual_seed(20 + step)
+    n = sum(SIZES[:world])
+    emb = F.normalize(torch.randn(n, D, generator=g)) * (1 + 9 * torch.rand(n, 1, generator=g))
+    return emb, torch.randint(0, HEAD_CLASSES, (n,), generator=g)
+
+
+def _head_steps(rank: int, margin: str, sub_centers: int, rate: float) -> list[dict]:
+    """Two forward/backward steps of one head (no optimizer): what each step used and its gradients."""
+    world = torch.distributed.get_world_size()
+    torch.manual_seed(11)
+    make = AdaFace(**ADAFACE, gradient="exact") if margin == "adaface" else ArcFace(s=16.0, margin=0.5)
+    pfc = PartialFC(make, D, HEAD_CLASSES, sample_rate=rate, sub_centers=sub_centers)
+    steps = []
+    for step in range(2):
+        emb, labels = _head_batch(world, step)
+        e = _local(emb, rank).clone().requires_grad_()
+        loss = pfc(e, _local(labels, rank))
+        loss.backward()
+        grad = pfc.weight.grad.coalesce() if pfc.weight.grad.is_sparse else pfc.weight.grad
+        used = grad.indices()[0] if grad.is_sparse else torch.arange(pfc.num_local)
+        values = grad.values() if grad.is_sparse else grad
+        steps.append(dict(loss=loss.item(), emb_grad=e.grad.numpy().copy(), used=(used + pfc.class_start).numpy(),
+                          weight_grad=values.numpy().copy(), weight=pfc.weight.detach().numpy().copy(),
+                          buffers={k: v.numpy().copy() for k, v in pfc.named_buffers()}))
+        pfc.weight.grad = None
+    return steps
+
+
+def _check_head_steps(case: tuple, results: list[list[dict]], world: int) -> None:
+    margin, sub_centers, _ = case
+    full = partial_fc._init_rows(0, 0, HEAD_CLASSES * sub_centers, D).view(HEAD_CLASSES, sub_centers * D)
+    stats = (20.0, 100.0)
+    for step in range(2):
+        per_rank = [r[step] for r in results]
+        # the initial rows (K centres side by side per class) do not depend on the world size
+        assert torch.equal(torch.cat([torch.from_numpy(r["weight"]) for r in per_rank]), full), case
+        used = torch.cat([torch.from_numpy(r["used"]) for r in per_rank])  # (C_used,) sorted class ids
+        emb, labels = _head_batch(world, step)
+        e, w = emb.double().requires_grad_(), full[used].double().requires_grad_()
+        remap = torch.searchsorted(used, labels)
+        if margin == "adaface":
+            def apply(cos, y, norms, stats=stats):
+                logits, *new = adaface_reference(cos, y, norms, *stats, **ADAFACE)
+                apply.stats = tuple(new)
+                return logits
+        else:
+            apply = lambda cos, y, norms: ArcFace(s=16.0, margin=0.5)(cos, y)  # noqa: E731
+        loss = head_loss(e, w, remap, sub_centers, apply)
+        loss.backward()
+        offset = 0
+        for rank, res in enumerate(per_rank):
+            n = len(res["used"])
+            assert abs(res["loss"] - loss.item()) < 1e-5, (case, step, rank, res["loss"], loss.item())
+            torch.testing.assert_close(torch.from_numpy(res["emb_grad"]).double(), world * _local(e.grad, rank),
+                                       atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(torch.from_numpy(res["weight_grad"]).double(), w.grad[offset: offset + n],
+                                       atol=1e-5, rtol=1e-4)
+            offset += n
+        if margin == "adaface":
+            stats = apply.stats
+            for res in per_rank:  # the same statistics on every rank, those of the global batch
+                assert res["buffers"]["margin_loss.batch_mean"].tolist() == per_rank[0]["buffers"][
+                    "margin_loss.batch_mean"].tolist()
+                assert res["buffers"]["margin_loss.batch_std"].tolist() == per_rank[0]["buffers"][
+                    "margin_loss.batch_std"].tolist()
+                assert abs(float(res["buffers"]["margin_loss.batch_mean"][0]) - stats[0]) < 1e-5 * stats[0]
+                assert abs(float(res["buffers"]["margin_loss.batch_std"][0]) - stats[1]) < 1e-5 * stats[1]
+
+
+def _update_all_steps(rank: int, opt_name: str) -> dict:
+    """Three sampled steps with update="all": our head optimizer against torch's on a copy of the shard."""
+    world = torch.distributed.get_world_size()
+    torch.manual_seed(11)
+    pfc = PartialFC(ArcFace(s=16.0), D, HEAD_CLASSES, sample_rate=0.25, sub_centers=2, update="all")
+    ours = build_head_optimizer(pfc, opt_name, lr=LR, momentum=MOMENTUM, weight_decay=WD)
+    weight = nn.Parameter(pfc.weight.detach().clone())
+    theirs = (torch.optim.SGD([weight], lr=LR, momentum=MOMENTUM, weight_decay=WD) if opt_name == "sgd"
+              else torch.optim.AdamW([weight], lr=LR, betas=(MOMENTUM, 0.999), weight_decay=WD))
+    before_last = used_last = None
+    for step in range(3):
+        emb, labels = _head_batch(world, step)
+        pfc(_local(emb, rank), _local(labels, rank)).backward()
+        grad = pfc.weight.grad
+        assert not grad.is_sparse and grad.shape == pfc.weight.shape, grad.layout
+        used_last = grad.abs().sum(dim=1) > 0  # (num_local,) the sampled classes
+        assert not used_last.all(), "every row sampled: the test would not see unsampled rows move"
+        weight.grad = grad.clone()
+        before_last = pfc.weight.detach().clone()
+        ours.step()
+        theirs.step()
+        ours.zero_grad(set_to_none=True)
+        theirs.zero_grad(set_to_none=True)
+    return dict(ours=pfc.weight.detach().numpy().copy(), theirs=weight.detach().numpy().copy(),
+                state={k: v.numpy().copy() for k, v in ours.state[pfc.weight].items()},
+                torch_state={k: v.numpy().copy() for k, v in theirs.state[weight].items()},
+                before_last=before_last.numpy(), used_last=used_last.numpy())
+
+
+def _check_update_all(name: str, res: dict) -> None:
+    ours, theirs = torch.from_numpy(res["ours"]), torch.from_numpy(res["theirs"])
+    if name == "sgd":  # the same operations in the same order as torch.optim.SGD
+        assert torch.equal(ours, theirs)
+        assert torch.equal(torch.from_numpy(res["state"]["momentum_buffer"]),
+                           torch.from_numpy(res["torch_state"]["momentum_buffer"]))
+    else:
+        torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=1e-5)
+        for key in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(torch.from_numpy(res["state"][key]), torch.from_numpy(res["torch_state"][key]),
+                                       atol=1e-7, rtol=1e-5)
+        assert res["state"]["step"].tolist() == [3.0] * ours.shape[0]  # every row stepped every step
+    # rows the last step did not sample moved anyway (momentum, decay): unlike update="sampled"
+    unsampled = ~torch.from_numpy(res["used_last"])
+    assert not torch.isclose(ours[unsampled], torch.from_numpy(res["before_last"])[unsampled]).all(dim=1).any()
+
+
+def test_update_all_and_sub_centers_arguments():
+    with pytest.raises(ValueError, match="sub_centers=0 must be an integer >= 1"):
+        PartialFC(ArcFace(), D, NUM_CLASSES, sub_centers=0)
+    with pytest.raises(ValueError, match="update='dense' is unknown"):
+        PartialFC(ArcFace(), D, NUM_CLASSES, update="dense")
+    head = PartialFC(ArcFace(), D, NUM_CLASSES, sub_centers=3)
+    assert head.weight.shape == (NUM_CLASSES, 3 * D)
+    for name in ("sgd", "adamw"):  # the optimizer state keeps one row per class
+        state = build_head_optimizer(head, name, lr=LR).state[head.weight]
+        assert {k: v.shape[0] for k, v in state.items()} == {k: NUM_CLASSES for k in state}

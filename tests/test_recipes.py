@@ -101,7 +101,7 @@ EXPRESSED_AS = {
     ("wf42m_pfc02_vit_h", "dali_aug"): False,
 }
 # Backbones another branch is adding; a recipe may name them until they are registered.
-OURS = {"debug_cpu", "demo_cpu"}  # shipped configs that are not arcface_torch recipes
+OURS = {"debug_cpu", "demo_cpu", "demo_cpu_adaface"}  # shipped configs that are not arcface_torch recipes
 
 
 def published(name: str) -> dict:

@@ -4,9 +4,10 @@ Layout of one checkpoint (``step`` = optimizer steps done)::
 
     <output>/checkpoints/step_000001200/
         common.pt         rank 0: backbone, backbone optimizer, scaler, lr/step, data position, world_size,
-                          num_classes, config fingerprint and config dict (see ``make_common``)
+                          num_classes, config fingerprint, config dict and the head's buffers (see ``make_common``)
         rng_rank<r>.pt    rank r: torch CPU RNG state (+ CUDA RNG state of the current device when in use)
-        head_rank<r>.pt   rank r: class_start, num_local, num_classes, weight rows (num_local, D) and the head
+        head_rank<r>.pt   rank r: class_start, num_local, num_classes, weight rows (num_local, K·D: a class's K
+                          sub-centres side by side, K = 1 without them) and the head
                           optimizer's row-wise state tensors (each (num_local, ...)); see ``head_shard``
         manifest.json     written last: format, step, world_size and the size of every file above
 
@@ -89,17 +90,21 @@ class TrainState:
 
 def make_common(*, state: TrainState, lr: float, backbone: Mapping[str, torch.Tensor],
                 backbone_optimizer: Mapping[str, Any], scaler: Mapping[str, Any], world_size: int,
-                num_classes: int, fingerprint: str, config: Mapping[str, Any]) -> dict[str, Any]:
+                num_classes: int, fingerprint: str, config: Mapping[str, Any],
+                head_buffers: Mapping[str, torch.Tensor] | None = None) -> dict[str, Any]:
     """The rank-0 part of a checkpoint as an explicit dict.
 
     ``backbone``: the unwrapped module's state_dict (no DDP ``module.`` prefix). ``backbone_optimizer`` and
-    ``scaler``: their ``state_dict()``. ``config``: ``Config.to_dict()``.
+    ``scaler``: their ``state_dict()``. ``config``: ``Config.to_dict()``. ``head_buffers``: the head's
+    ``named_buffers()``, state that is not a row of the weight and is the same on every rank (AdaFace's
+    running statistics of the embedding norms); saved as ``common["head_buffers"]``.
     """
     return {
         "format": FORMAT_VERSION, "step": int(state.step), "state": asdict(state),
         "lr": float(lr), "backbone": {k: v.detach().cpu() for k, v in backbone.items()},
         "backbone_optimizer": dict(backbone_optimizer), "scaler": dict(scaler), "world_size": int(world_size),
         "num_classes": int(num_classes), "fingerprint": str(fingerprint), "config": dict(config),
+        "head_buffers": {k: v.detach().cpu() for k, v in (head_buffers or {}).items()},
     }
 
 
@@ -645,7 +650,8 @@ def save_training_state(job: Trainer, state: TrainState) -> Path:
         common = make_common(state=state, lr=job.opt_backbone.param_groups[0]["lr"],
                              backbone=job.backbone.state_dict(), backbone_optimizer=job.opt_backbone.state_dict(),
                              scaler=job.scaler.state_dict(), world_size=job.world_size,
-                             num_classes=job.cfg.num_classes, fingerprint=job.fingerprint, config=job.cfg.to_dict())
+                             num_classes=job.cfg.num_classes, fingerprint=job.fingerprint, config=job.cfg.to_dict(),
+                             head_buffers=dict(job.head.named_buffers()))
         common["data"] = job.data_identity  # what the data held, so that a resume can tell it changed
     head = head_shard(job.head.weight, job.opt_head.state[job.head.weight], job.head.class_start,
                       job.cfg.num_classes)
@@ -663,6 +669,15 @@ def restore_training_state(job: Trainer, ckpt_dir: Path, steps_per_epoch: int) -
     job.scaler.load_state_dict(common["scaler"])
     rows = load_head_rows(ckpt_dir, job.head.class_start, job.head.num_local, num_classes=job.cfg.num_classes)
     restore_head(job.head.weight, job.opt_head, rows)
+    # The head's buffers are the same on every rank (rank 0 saved them); checkpoints from before they were
+    # saved have none, and so does a head without buffers.
+    saved_buffers, buffers = common.get("head_buffers", {}), dict(job.head.named_buffers())
+    if set(saved_buffers) != set(buffers):
+        raise ValueError(f"{ckpt_dir}: the checkpoint holds head buffers {sorted(saved_buffers)}, this run's head has "
+                         f"{sorted(buffers)}; was the margin changed?")
+    with torch.no_grad():
+        for name, value in saved_buffers.items():
+            buffers[name].copy_(value)
     saved_world = common["world_size"]
     rng = load_rng(ckpt_dir, job.rank)
     if saved_world == job.world_size and rng is not None:

@@ -47,7 +47,8 @@ FINGERPRINT_EXCLUDED = frozenset({
 # Keys added after checkpoints were first written, each with the value that trains as the code did before the
 # key existed. A key at that value is left out of the fingerprint, so those checkpoints still resume (e.g. a run
 # started with power-2 decay continues with `--set lr_power=2`); any other value changes the fingerprint.
-_FINGERPRINT_LEGACY = {"lr_power": 2.0, "dali_aug": False}
+_FINGERPRINT_LEGACY = {"lr_power": 2.0, "dali_aug": False, "margin": "combined", "adaface_m": 0.4, "adaface_h": 0.333,
+                       "adaface_t_alpha": 0.01, "sub_centers": 1, "head_update": "sampled"}
 
 _TRUE = frozenset({"true", "1", "yes", "y", "on"})
 _FALSE = frozenset({"false", "0", "no", "n", "off"})
@@ -323,6 +324,13 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "margin_scale": _rule(lambda v: _finite(v) and v > 0, "> 0"),
     "margin_gradient": _rule(lambda v: v in ("straight_through", "exact"), "'straight_through' or 'exact'"),
     "interclass_filtering_threshold": _rule(lambda v: 0 <= v < 1, "in [0, 1) (0 = off)"),
+    "margin": _rule(lambda v: v in ("combined", "adaface"), "'combined' (margin_list) or 'adaface'"),
+    "adaface_m": _rule(lambda v: _finite(v) and v >= 0, "a finite value >= 0 (AdaFace's paper: 0.4)"),
+    "adaface_h": _rule(lambda v: _finite(v) and v >= 0, "a finite value >= 0 (AdaFace's paper: 0.333)"),
+    "adaface_t_alpha": _rule(lambda v: 0 < v <= 1, "in (0, 1] (AdaFace's paper: 0.01)"),
+    "sub_centers": _rule(lambda v: v >= 1, ">= 1 (1 = one centre per class)"),
+    "head_update": _rule(lambda v: v in ("sampled", "all"), "'sampled' (only the sampled centres, the Partial FC "
+                         "paper) or 'all' (every centre every step, arcface_torch)"),
     "sample_rate": _rule(lambda v: 0 < v <= 1, "in (0, 1] (arcface_torch's 0, which keeps only the class centres of "
                          "the batch's identities, is written here as a rate below 1 / num_classes, e.g. 1e-7)"),
     "batch_size": _rule(lambda v: v >= 1, ">= 1"),
@@ -361,6 +369,10 @@ def _check_values(values: dict[str, Any], where: str) -> None:
     for key, (check, allowed) in _RULES.items():
         if not check(values[key]):
             raise ValueError(f"{where}: {key} = {values[key]!r} is not allowed; expected {allowed}")
+    if values["margin"] == "adaface" and values["interclass_filtering_threshold"] > 0:
+        raise ValueError(f"{where}: margin = 'adaface' with interclass_filtering_threshold = "
+                         f"{values['interclass_filtering_threshold']!r}; inter-class filtering belongs to the combined "
+                         f"margin: set it to 0 or use margin = 'combined'")
     if values["fp16"] and values["bf16"]:
         raise ValueError(f"{where}: fp16 = True and bf16 = True; choose at most one mixed-precision mode")
     if values["num_epoch"] < 1 and values["max_steps"] <= 0:
