@@ -13,6 +13,7 @@ from PIL import Image
 
 from dataset import (FaceSampler, ImageFolderDataset, MXFaceDataset, SyntheticDataset, build_dataset,
                      get_dataloader)
+from dataset.images import decode, decode_many, normalise, stack_flipped
 from dataset.recordio import IndexedRecordIO, IRHeader, RecordIOError, pack
 
 LAYOUTS = ["rec_insightface", "rec_insightface_vector_label", "rec_im2rec"]
@@ -217,6 +218,43 @@ def test_the_one_normalisation():
     out = normalise(images)
     assert out.dtype == torch.float32 and out.shape == (2, 3, 2, 3) and images.dtype == torch.uint8
     assert torch.equal(out, (images.float() - 127.5) / 127.5) and out.min() == -1 and out.max() == 1
+    # Any strides in (a channels-last batch, a decoder's HWC view), contiguous NCHW out: the backbone's
+    # memory format is the trainer's choice (channels_last), never an accident of the decoder.
+    channels_last = torch.arange(2 * 4 * 5 * 3, dtype=torch.uint8).view(2, 4, 5, 3).permute(0, 3, 1, 2)
+    out = normalise(channels_last)
+    assert out.is_contiguous() and torch.equal(out, (channels_last.float() - 127.5) / 127.5)
     with pytest.raises(ValueError, match="normalise expects uint8 images"):
         normalise(out)  # already normalised: refused, not shifted twice
     assert NORMALISATION == WRITTEN_BY_THE_TRAINER  # what model.json promises is what the tools feed
+
+
+def test_decode_many_is_decode_of_each(tmp_path):
+    """One decoder call for a batch's JPEGs gives decode()'s images, PNGs included, and its errors."""
+    data = [_jpeg(0), _jpeg(1, fmt="PNG"), _jpeg(2), _jpeg(3)]
+    where = [f"img{i}" for i in range(4)]
+    got = decode_many(data, where, (112, 112))
+    assert len(got) == 4 and all(torch.equal(g, decode(d, w)) for g, d, w in zip(got, data, where))
+    bad = data[:2] + [b"\xff\xd8not a jpeg"] + data[3:]
+    with pytest.raises(ValueError, match=r"img2: cannot decode image \(12 bytes"):
+        decode_many(bad, where)
+    with pytest.raises(ValueError, match=r"img3: image is 64x64 \(HxW\), expected 112x112"):
+        decode_many(data[:3] + [_jpeg(3, size=(64, 64))], where, (112, 112))
+    with pytest.raises(ValueError, match=r"^img0: cannot decode image \(0 bytes"):
+        decode_many([b""], where[:1])
+    with pytest.raises(ValueError, match="2 images but 1 names"):
+        decode_many(data[:2], where[:1])
+
+
+def test_stack_flipped():
+    images = [torch.randint(0, 256, (3, 4, 5), dtype=torch.uint8, generator=torch.Generator().manual_seed(i))
+              for i in range(3)]
+    flips = [True, False, True]
+    batch = stack_flipped(images, flips)
+    assert batch.shape == (3, 3, 4, 5) and batch.dtype == torch.uint8
+    assert batch.permute(0, 2, 3, 1).is_contiguous()  # channels-last storage: one memcpy per decoded image
+    assert torch.equal(batch, torch.stack([im.flip(-1) if f else im for im, f in zip(images, flips)]))
+    with pytest.raises(ValueError, match=r"image 1 is \(3, 4, 4\), image 0 is \(3, 4, 5\)"):
+        stack_flipped([images[0], images[1][..., :4]], [False, False])
+    with pytest.raises(ValueError, match="2 images and 1 flips"):
+        stack_flipped(images[:2], [True])
+
