@@ -1,4 +1,5 @@
-"""The dataset package: fixture reading, label checks, errors, sampler coverage/resumption, loader with workers."""
+"""The dataset package: fixture reading, label checks, errors, sampler coverage/resumption, loader with workers,
+the batch path (a worker decodes a whole batch per call) against the per-sample definition."""
 from __future__ import annotations
 
 import hashlib
@@ -258,3 +259,62 @@ def test_stack_flipped():
     with pytest.raises(ValueError, match="2 images and 1 flips"):
         stack_flipped(images[:2], [True])
 
+
+def _per_sample_batch(ds, items):
+    """The loader's definition: sample i is ds[i], mirrored where the sampler says, stacked in order."""
+    images = [ds[i][0].flip(-1) if f else ds[i][0] for i, f in items]
+    return torch.stack(images), torch.stack([ds[i][1] for i, _ in items])
+
+
+def test_read_batch_is_the_per_sample_batch(tmp_path):
+    """MXFaceDataset / ImageFolderDataset read a batch in one call: bit-identical to sample by sample."""
+    for name, n in (("a", 3), ("b", 2)):
+        (tmp_path / name).mkdir()
+        for i in range(n):
+            (tmp_path / name / f"{i}.{'png' if i == 1 else 'jpg'}").write_bytes(
+                _jpeg(10 * len(name) + i, fmt="PNG" if i == 1 else "JPEG"))
+    datasets = [MXFaceDataset(FIXTURES / "rec_insightface"), ImageFolderDataset(tmp_path),
+                MXFaceDataset(FIXTURES / "rec_im2rec", transform=lambda im: im[:, 8:-8, 8:-8])]
+    for ds in datasets:
+        items = [(4, True), (0, False), (1, True), (4, False), (2, False)]
+        images, labels = ds.read_batch([i for i, _ in items], [f for _, f in items])
+        ref_images, ref_labels = _per_sample_batch(ds, items)
+        assert images.dtype == torch.uint8 and labels.dtype == torch.int64
+        assert torch.equal(images, ref_images) and torch.equal(labels, ref_labels)
+    assert images.shape == (5, 3, 96, 96)  # the transform's crop
+
+
+def test_read_batch_names_the_bad_record(tmp_path):
+    ds = MXFaceDataset(_im2rec(tmp_path, [0, 1, 0], images=[_jpeg(0), _jpeg(1), b"\xff\xd8not a jpeg"]))
+    with pytest.raises(ValueError, match=r"train.rec \(key 2\): cannot decode image"):
+        ds.read_batch([0, 2, 1], [False, True, False])
+
+
+def test_sampler_batches_cut_the_samples_in_order():
+    for drop_last, last in ((True, 5), (False, 1)):  # 47 on 3 ranks: 15 or 16 samples per rank, batches of 5
+        s = FaceSampler(47, 5, 1, 3, seed=2, drop_last=drop_last)
+        s.set_epoch(3, start_step=1)
+        samples, batches = list(s), list(s.batches())
+        assert len(batches) == s.num_batches - 1 == -(-len(samples) // 5)
+        assert [(i, f) for b in batches for i, f in zip(*b)] == samples
+        assert [len(b[0]) for b in batches] == [5] * (len(batches) - 1) + [last]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("source", ["rec", "synthetic"])
+def test_loader_batches_are_the_per_sample_batches(source):
+    """Whole batches per worker call (read_batch, or sample by sample for other datasets) give exactly the
+    normalised per-sample batches, contiguous, with workers, resumed mid-epoch, short last batch included."""
+    ds = MXFaceDataset(FIXTURES / "rec_insightface") if source == "rec" else SyntheticDataset(3, 21, (8, 8), seed=1)
+    kw = dict(rank=1, world_size=2, seed=4, device="cpu", drop_last=False)
+    for workers in (0, 2):
+        loader = get_dataloader(ds, 4, num_workers=workers, **kw)
+        loader.set_epoch(2, start_step=1)
+        got = list(loader)
+        plan = list(loader.sampler)  # (index, flip) per sample from batch 1 on
+        assert len(got) == len(loader) - 1 == -(-len(plan) // 4)
+        for k, (x, y) in enumerate(got):
+            ref_x, ref_y = _per_sample_batch(ds, plan[4 * k:4 * k + 4])
+            assert x.is_contiguous() and x.dtype == torch.float32
+            assert torch.equal(x, normalise(ref_x)) and torch.equal(y, ref_y)
+        assert got[-1][0].shape[0] == len(plan) - 4 * (len(got) - 1)
