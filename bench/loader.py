@@ -15,7 +15,9 @@ Each delivers ``--images`` images (whole epochs repeated as needed); for the loa
 after the first batch, so worker start-up is not counted. ``per core`` divides by ``max(K, 1)``: the K
 workers decode, the main process only collects batches. ``/ decode loop`` is a pipeline's images/s per
 core over the decode loop's in the same round, so a machine busy with other work shifts both; every
-figure is the median over the rounds with (min-max).
+figure is the median over the rounds with (min-max). ``per core`` does not count the main process, which
+normalises batches on another core while the workers decode; ``taskset -c 0 python bench/loader.py ...``
+puts everything on one core for the strict comparison.
 
 Without ``--rec`` a temporary insightface-layout rec of ``--images`` synthetic 112x112 JPEGs (quality
 90) is written first, so the benchmark runs on a fresh machine.
