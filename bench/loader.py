@@ -1,13 +1,23 @@
 """Training loader throughput: decoded + flipped + normalised images/s from a RecordIO dataset.
 
-    python bench/loader.py --rec DIR --workers K [--batch-size B] [--images N] [--json PATH]
+    python bench/loader.py --rec DIR --workers K [--batch-size B] [--images N] [--repeats R] [--json PATH]
 
-Times our pipeline (``dataset.MXFaceDataset`` + ``dataset.get_dataloader``, rank 0 of 1, CPU) beside a
-baseline built here the usual way on the same records: PIL decode, then torchvision
-``RandomHorizontalFlip`` / ``ToTensor`` / ``Normalize(0.5, 0.5)`` in a ``DataLoader`` with the same
-workers and batch size. Each pipeline delivers ``--images`` images (whole epochs repeated as needed);
-the clock starts after the first batch, so worker start-up is not counted. ``per core`` divides by
-``max(K, 1)``: the K workers decode, the main process only collects batches.
+Times three pipelines on the same records, one after the other in each of ``--repeats`` rounds:
+
+- the decode loop: the work itself on one core, in this process, no DataLoader: read each record, decode
+  it (``dataset.images.decode``), flip it where the sampler says, normalise it; the rate a loader
+  worker could reach if moving images between processes cost nothing;
+- ours: ``dataset.MXFaceDataset`` + ``dataset.get_dataloader`` (rank 0 of 1, CPU, K workers);
+- a baseline built the usual way: PIL decode, then torchvision ``RandomHorizontalFlip`` / ``ToTensor`` /
+  ``Normalize(0.5, 0.5)`` in a ``DataLoader`` with the same workers and batch size.
+
+Each delivers ``--images`` images (whole epochs repeated as needed); for the loaders the clock starts
+after the first batch, so worker start-up is not counted. ``per core`` divides by ``max(K, 1)``: the K
+workers decode, the main process only collects batches. ``/ decode loop`` is a pipeline's images/s per
+core over the decode loop's in the same round, so a machine busy with other work shifts both; every
+figure is the median over the rounds with (min-max). ``per core`` does not count the main process, which
+normalises batches on another core while the workers decode; ``taskset -c 0 python bench/loader.py ...``
+puts everything on one core for the strict comparison.
 
 Without ``--rec`` a temporary insightface-layout rec of ``--images`` synthetic 112x112 JPEGs (quality
 90) is written first, so the benchmark runs on a fresh machine.
@@ -16,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import statistics
 import sys
 import tempfile
 import time
@@ -83,9 +94,35 @@ def _images_per_s(make_iter, batch_size: int, num_images: int) -> float:
                 return seen / (time.perf_counter() - start)
 
 
-def run(rec_dir: Path, workers: int, batch_size: int, num_images: int) -> dict[str, Any]:
-    """Both pipelines' images/s on the records of ``rec_dir``."""
-    from dataset import build_dataset, get_dataloader
+def _decode_loop_images_per_s(dataset, sampler, num_images: int) -> float:
+    """The decode loop: ``num_images`` records in ``sampler``'s order and with its flips (epochs repeated as
+    needed), each read, decoded, flipped and normalised here, one at a time."""
+    from dataset.images import decode, normalise
+
+    seen, start = 0, time.perf_counter()
+    while True:
+        indices, flips = sampler.epoch_plan()
+        for index, flip in zip(indices.tolist(), flips.tolist()):
+            data, _, where = dataset.raw(index)
+            image = decode(data, where, dataset.image_size)  # (3, H, W) uint8, a view of (H, W, 3) storage
+            image = image.flip(-1) if flip else image  # (3, H, W), same strides
+            # Normalised in the decoder's (H, W, 3) layout, the cheapest for one image (the loop's images go
+            # nowhere, so their layout does not matter): the loop is the fastest honest reference we know.
+            normalise(image.permute(1, 2, 0))  # (H, W, 3) float32
+            seen += 1
+            if seen == num_images:
+                return seen / (time.perf_counter() - start)
+        sampler.set_epoch(sampler.epoch + 1)
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def run(rec_dir: Path, workers: int, batch_size: int, num_images: int, repeats: int = 3) -> dict[str, Any]:
+    """The decode loop's, our loader's and the baseline's images/s on the records of ``rec_dir``, ``repeats``
+    rounds of all three; top-level figures are medians over the rounds, ``spread`` has their min and max."""
+    from dataset import FaceSampler, build_dataset, get_dataloader
 
     ours_ds = build_dataset(str(rec_dir))
     if len(ours_ds) < 2 * batch_size:
@@ -99,15 +136,51 @@ def run(rec_dir: Path, workers: int, batch_size: int, num_images: int) -> dict[s
         epoch[0] += 1
         return iter(ours)
 
+    # The loader's own sampler settings: the loop reads the records the loader reads, with the same flips.
+    loop_sampler = FaceSampler(len(ours_ds), batch_size, 0, 1, seed=0)
     base = DataLoader(BaselineDataset(rec_dir), batch_size=batch_size, shuffle=True, num_workers=workers,
                       drop_last=True, persistent_workers=workers > 0)
     cores = max(workers, 1)
-    ours_ips = _images_per_s(ours_iter, batch_size, num_images)
-    base_ips = _images_per_s(lambda: iter(base), batch_size, num_images)
-    return {"images": num_images, "workers": workers, "batch_size": batch_size, "dataset_images": len(ours_ds),
-            "ours_images_per_s": ours_ips, "ours_images_per_s_per_core": ours_ips / cores,
-            "baseline_images_per_s": base_ips, "baseline_images_per_s_per_core": base_ips / cores,
-            "speedup": ours_ips / base_ips}
+    _decode_loop_images_per_s(ours_ds, loop_sampler, batch_size)  # warm-up: page cache, decoder tables
+    rounds = []
+    for _ in range(repeats):
+        loop_ips = _decode_loop_images_per_s(ours_ds, loop_sampler, num_images)
+        ours_ips = _images_per_s(ours_iter, batch_size, num_images)
+        base_ips = _images_per_s(lambda: iter(base), batch_size, num_images)
+        rounds.append({"decode_loop_images_per_s": loop_ips, "ours_images_per_s": ours_ips,
+                       "baseline_images_per_s": base_ips,
+                       "ours_per_core_over_decode_loop": ours_ips / cores / loop_ips,
+                       "baseline_per_core_over_decode_loop": base_ips / cores / loop_ips,
+                       "speedup": ours_ips / base_ips})
+    spread = {key: _spread([r[key] for r in rounds]) for key in rounds[0]}
+    result: dict[str, Any] = {"images": num_images, "workers": workers, "batch_size": batch_size,
+                              "dataset_images": len(ours_ds), "repeats": repeats}
+    result.update({key: s["median"] for key, s in spread.items()})
+    result["ours_images_per_s_per_core"] = result["ours_images_per_s"] / cores
+    result["baseline_images_per_s_per_core"] = result["baseline_images_per_s"] / cores
+    result["spread"], result["rounds"] = spread, rounds
+    return result
+
+
+def _cell(spread: dict[str, float], fmt: str, scale: float = 1.0) -> str:
+    """``median (min-max)``."""
+    m, lo, hi = (spread[k] / scale for k in ("median", "min", "max"))
+    return f"{m:{fmt}} ({lo:{fmt}}-{hi:{fmt}})"
+
+
+def table(result: dict[str, Any]) -> str:
+    """The markdown table ``main`` prints."""
+    s, w, b, cores = result["spread"], result["workers"], result["batch_size"], max(result["workers"], 1)
+    loop = s["decode_loop_images_per_s"]
+    return markdown_table(
+        ["pipeline", "workers", "batch", "images/s", "images/s per core", "per core / decode loop"],
+        [["decode loop (read, decode, flip, normalise; 1 core, no DataLoader)", "-", "-",
+          _cell(loop, ".0f"), _cell(loop, ".0f"), "1"],
+         ["ours (MXFaceDataset + get_dataloader)", w, b, _cell(s["ours_images_per_s"], ".0f"),
+          _cell(s["ours_images_per_s"], ".0f", cores), _cell(s["ours_per_core_over_decode_loop"], ".2f")],
+         ["baseline (PIL + torchvision)", w, b, _cell(s["baseline_images_per_s"], ".0f"),
+          _cell(s["baseline_images_per_s"], ".0f", cores), _cell(s["baseline_per_core_over_decode_loop"], ".2f")],
+         ["speed-up ours / baseline", "", "", _cell(s["speedup"], ".2f") + "x", "", ""]])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,27 +189,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--images", type=int, default=4096, help="images timed per pipeline (and generated)")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of the three pipelines; medians reported")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
-    if args.workers < 0 or args.batch_size < 1 or args.images < 1:
-        parser.error(f"need --workers >= 0, --batch-size >= 1, --images >= 1; got {args.workers}, "
-                     f"{args.batch_size}, {args.images}")
-    torch.set_num_threads(1)  # the main process only collects batches
+    if args.workers < 0 or args.batch_size < 1 or args.images < 1 or args.repeats < 1:
+        parser.error(f"need --workers >= 0, --batch-size >= 1, --images >= 1, --repeats >= 1; got {args.workers}, "
+                     f"{args.batch_size}, {args.images}, {args.repeats}")
+    torch.set_num_threads(1)  # the decode loop's one core; the main process only collects batches
     with tempfile.TemporaryDirectory(prefix="bench_loader_") as tmp:
         rec_dir = Path(args.rec) if args.rec else Path(tmp)
         if not args.rec:
             from dataset.recordio import write_insightface_rec
 
             write_insightface_rec(rec_dir, synthetic_items(max(args.images, 2 * args.batch_size)), NUM_CLASSES)
-        result = run(rec_dir, args.workers, args.batch_size, args.images)
+        result = run(rec_dir, args.workers, args.batch_size, args.images, args.repeats)
     result["rec"] = args.rec or "generated"
-    print(markdown_table(
-        ["pipeline", "workers", "batch", "images/s", "images/s per core"],
-        [["ours (MXFaceDataset + get_dataloader)", args.workers, args.batch_size,
-          f"{result['ours_images_per_s']:.0f}", f"{result['ours_images_per_s_per_core']:.0f}"],
-         ["baseline (PIL + torchvision)", args.workers, args.batch_size,
-          f"{result['baseline_images_per_s']:.0f}", f"{result['baseline_images_per_s_per_core']:.0f}"],
-         ["speed-up", "", "", f"{result['speedup']:.2f}x", ""]]))
+    print(table(result))
     write_json(args.json, result)
     return 0
 

@@ -1,18 +1,20 @@
 """Face datasets: RecordIO (insightface or im2rec layout), an image folder, and generated patterns.
 
 Each returns ``(uint8 (3, H, W) RGB image tensor, int64 label)``; ``build_dataset`` picks one from the
-config's ``rec`` value. The loader (``dataset.loader``) batches, flips and normalises them.
+config's ``rec`` value. The loader (``dataset.loader``) batches, flips and normalises them; the RecordIO and
+image-folder datasets also read a whole batch per call (``read_batch``), which is what a loader worker calls.
 """
 from __future__ import annotations
 
 import logging
 import os
 from pathlib import Path
+from typing import Sequence
 
 import torch
 from torch.utils.data import Dataset
 
-from dataset.images import IMAGE_EXTENSIONS, Transform, decode
+from dataset.images import IMAGE_EXTENSIONS, Transform, decode, decode_many, stack_flipped
 from dataset.recordio import class_of, open_rec_folder, read_image_record, unpack
 
 logger = logging.getLogger(__name__)
@@ -33,6 +35,16 @@ class _EncodedImages(Dataset):
         if self.transform is not None:
             img = self.transform(img)
         return img, torch.tensor(label, dtype=torch.int64)
+
+    def read_batch(self, indices: Sequence[int], flips: Sequence[bool]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(uint8 (B, 3, H, W), int64 (B,))``: ``self[i]`` for each of ``indices``, mirrored where ``flips``
+        says, in one call (one decoder call for the batch, no per-sample tensors; see ``stack_flipped``)."""
+        raws = [self.raw(i) for i in indices]  # [(bytes, class id, where)]
+        images = decode_many([r[0] for r in raws], [r[2] for r in raws], self.image_size)  # [(3, H, W)]
+        if self.transform is not None:
+            images = [self.transform(img) for img in images]
+        labels = torch.tensor([r[1] for r in raws], dtype=torch.int64)  # (B,)
+        return stack_flipped(images, flips), labels
 
 
 class MXFaceDataset(_EncodedImages):

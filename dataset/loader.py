@@ -8,19 +8,23 @@
   run sees exactly the batches an uninterrupted run would have seen;
 - a horizontal flip that is a function of ``(seed, epoch, sample index)`` only, decided by the sampler
   in the main process, so it does not depend on ``num_workers``, worker seeding or resumption;
+- a worker gets one batch per call, ``(indices, flips)``, and returns it as one uint8 tensor: datasets
+  with ``read_batch`` (RecordIO, image folder) decode the whole batch in one call, others are read sample
+  by sample; either way there are no per-sample tensors to collate (``dataset.images.stack_flipped``);
 - uint8 batches cross the worker pipe and the host-to-device copy (4x fewer bytes than float32), and
   are normalised on the device; on CUDA the copy and normalisation run one batch ahead on a side stream.
 """
 from __future__ import annotations
 
+import functools
 import random
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from dataset.images import normalise
+from dataset.images import normalise, stack_flipped
 
 
 class FaceSampler(Sampler):
@@ -71,20 +75,50 @@ class FaceSampler(Sampler):
     def __len__(self) -> int:
         return self.per_rank - self.start_step * self.batch_size
 
+    def batches(self) -> Iterator[tuple[list[int], list[bool]]]:
+        """The same samples as ``iter(self)``, cut into batches: ``(dataset indices, flips)`` of ``batch_size``
+        samples each (the last one shorter only without ``drop_last``)."""
+        indices, flips = self.epoch_plan()
+        # Plain lists: they travel to the workers pickled, where a tensor would cost a shared-memory segment.
+        indices, flips = indices.tolist(), flips.tolist()
+        for start in range(self.start_step * self.batch_size, self.per_rank, self.batch_size):
+            yield indices[start:start + self.batch_size], flips[start:start + self.batch_size]
 
-class _FlipView(Dataset):
-    """Applies the sampler's flip decision inside the worker: ``view[(i, flip)]``."""
+
+class _BatchPlan(Sampler):
+    """The DataLoader's sampler: one item per batch, ``(indices, flips)``, from ``FaceSampler.batches``."""
+
+    def __init__(self, sampler: FaceSampler):
+        self.sampler = sampler
+
+    def __iter__(self) -> Iterator[tuple[list[int], list[bool]]]:
+        return self.sampler.batches()
+
+    def __len__(self) -> int:
+        return self.sampler.num_batches - self.sampler.start_step
+
+
+def _read_per_sample(dataset: Dataset, indices: Sequence[int], flips: Sequence[bool]
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch from any dataset of ``(uint8 (3, H, W), label)`` samples (SyntheticDataset, a user's own)."""
+    samples = [dataset[i] for i in indices]
+    labels = torch.stack([torch.as_tensor(label) for _, label in samples])  # (B,)
+    return stack_flipped([img for img, _ in samples], flips), labels
+
+
+class _BatchView(Dataset):
+    """What a worker calls: ``view[(indices, flips)]`` -> ``(uint8 (B, 3, H, W), labels (B,))``, flipped."""
 
     def __init__(self, dataset: Dataset):
         self.dataset = dataset
+        self.read = getattr(dataset, "read_batch", None) or functools.partial(_read_per_sample, dataset)
 
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, item: tuple[int, bool]) -> tuple[torch.Tensor, torch.Tensor]:
-        index, flip = item
-        img, label = self.dataset[index]  # (3, H, W) uint8
-        return (img.flip(-1) if flip else img), label
+    def __getitem__(self, item: tuple[Sequence[int], Sequence[bool]]) -> tuple[torch.Tensor, torch.Tensor]:
+        indices, flips = item
+        return self.read(indices, flips)
 
 
 def _worker_init(worker_id: int) -> None:
@@ -109,8 +143,9 @@ class FaceDataLoader:
         self.sampler = FaceSampler(len(dataset), batch_size, rank, world_size, seed, drop_last)
         cuda = self.device.type == "cuda"
         self._loader = DataLoader(
-            _FlipView(dataset), batch_size=batch_size, sampler=self.sampler, num_workers=num_workers,
-            pin_memory=cuda, drop_last=False,  # the sampler already yields whole batches only
+            # batch_size=None: each sampler item is a whole batch, built by one worker call, nothing to collate.
+            _BatchView(dataset), batch_size=None, sampler=_BatchPlan(self.sampler), num_workers=num_workers,
+            pin_memory=cuda,
             persistent_workers=num_workers > 0,  # keeps opened .rec descriptors and decoder state across epochs
             worker_init_fn=_worker_init if num_workers > 0 else None,
             generator=torch.Generator().manual_seed(seed + rank),
@@ -128,8 +163,8 @@ class FaceDataLoader:
         if self.device.type == "cuda":
             yield from self._iter_cuda()
             return
-        for images, labels in self._loader:  # (B, 3, H, W) uint8, (B,) int64
-            yield normalise(images.to(self.device)), labels.to(self.device)
+        for images, labels in self._loader:  # (B, 3, H, W) uint8 channels-last, (B,) int64
+            yield normalise(images.to(self.device)), labels.to(self.device)  # (B, 3, H, W) float32 contiguous
 
     def _iter_cuda(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         # Copy + normalise batch k+1 on a side stream while the trainer computes on batch k.
@@ -138,10 +173,11 @@ class FaceDataLoader:
 
         def load():
             try:
-                images, labels = next(batches)  # pinned (B, 3, H, W) uint8, (B,) int64
+                images, labels = next(batches)  # pinned (B, 3, H, W) uint8 channels-last, (B,) int64
             except StopIteration:
                 return None
             with torch.cuda.stream(stream):
+                # .to keeps the channels-last strides (a plain copy); normalise transposes on the device.
                 images = normalise(images.to(self.device, non_blocking=True))  # (B, 3, H, W) float32
                 labels = labels.to(self.device, non_blocking=True)  # (B,)
             return images, labels

@@ -1,4 +1,5 @@
-"""The dataset package: fixture reading, label checks, errors, sampler coverage/resumption, loader with workers."""
+"""The dataset package: fixture reading, label checks, errors, sampler coverage/resumption, loader with workers,
+the batch path (a worker decodes a whole batch per call) against the per-sample definition."""
 from __future__ import annotations
 
 import hashlib
@@ -13,6 +14,7 @@ from PIL import Image
 
 from dataset import (FaceSampler, ImageFolderDataset, MXFaceDataset, SyntheticDataset, build_dataset,
                      get_dataloader)
+from dataset.images import decode, decode_many, normalise, stack_flipped
 from dataset.recordio import IndexedRecordIO, IRHeader, RecordIOError, pack
 
 LAYOUTS = ["rec_insightface", "rec_insightface_vector_label", "rec_im2rec"]
@@ -217,6 +219,102 @@ def test_the_one_normalisation():
     out = normalise(images)
     assert out.dtype == torch.float32 and out.shape == (2, 3, 2, 3) and images.dtype == torch.uint8
     assert torch.equal(out, (images.float() - 127.5) / 127.5) and out.min() == -1 and out.max() == 1
+    # Any strides in (a channels-last batch, a decoder's HWC view), contiguous NCHW out: the backbone's
+    # memory format is the trainer's choice (channels_last), never an accident of the decoder.
+    channels_last = torch.arange(2 * 4 * 5 * 3, dtype=torch.uint8).view(2, 4, 5, 3).permute(0, 3, 1, 2)
+    out = normalise(channels_last)
+    assert out.is_contiguous() and torch.equal(out, (channels_last.float() - 127.5) / 127.5)
     with pytest.raises(ValueError, match="normalise expects uint8 images"):
         normalise(out)  # already normalised: refused, not shifted twice
     assert NORMALISATION == WRITTEN_BY_THE_TRAINER  # what model.json promises is what the tools feed
+
+
+def test_decode_many_is_decode_of_each(tmp_path):
+    """One decoder call for a batch's JPEGs gives decode()'s images, PNGs included, and its errors."""
+    data = [_jpeg(0), _jpeg(1, fmt="PNG"), _jpeg(2), _jpeg(3)]
+    where = [f"img{i}" for i in range(4)]
+    got = decode_many(data, where, (112, 112))
+    assert len(got) == 4 and all(torch.equal(g, decode(d, w)) for g, d, w in zip(got, data, where))
+    bad = data[:2] + [b"\xff\xd8not a jpeg"] + data[3:]
+    with pytest.raises(ValueError, match=r"img2: cannot decode image \(12 bytes"):
+        decode_many(bad, where)
+    with pytest.raises(ValueError, match=r"img3: image is 64x64 \(HxW\), expected 112x112"):
+        decode_many(data[:3] + [_jpeg(3, size=(64, 64))], where, (112, 112))
+    with pytest.raises(ValueError, match=r"^img0: cannot decode image \(0 bytes"):
+        decode_many([b""], where[:1])
+    with pytest.raises(ValueError, match="2 images but 1 names"):
+        decode_many(data[:2], where[:1])
+
+
+def test_stack_flipped():
+    images = [torch.randint(0, 256, (3, 4, 5), dtype=torch.uint8, generator=torch.Generator().manual_seed(i))
+              for i in range(3)]
+    flips = [True, False, True]
+    batch = stack_flipped(images, flips)
+    assert batch.shape == (3, 3, 4, 5) and batch.dtype == torch.uint8
+    assert batch.permute(0, 2, 3, 1).is_contiguous()  # channels-last storage: one memcpy per decoded image
+    assert torch.equal(batch, torch.stack([im.flip(-1) if f else im for im, f in zip(images, flips)]))
+    with pytest.raises(ValueError, match=r"image 1 is \(3, 4, 4\), image 0 is \(3, 4, 5\)"):
+        stack_flipped([images[0], images[1][..., :4]], [False, False])
+    with pytest.raises(ValueError, match="2 images and 1 flips"):
+        stack_flipped(images[:2], [True])
+
+
+def _per_sample_batch(ds, items):
+    """The loader's definition: sample i is ds[i], mirrored where the sampler says, stacked in order."""
+    images = [ds[i][0].flip(-1) if f else ds[i][0] for i, f in items]
+    return torch.stack(images), torch.stack([ds[i][1] for i, _ in items])
+
+
+def test_read_batch_is_the_per_sample_batch(tmp_path):
+    """MXFaceDataset / ImageFolderDataset read a batch in one call: bit-identical to sample by sample."""
+    for name, n in (("a", 3), ("b", 2)):
+        (tmp_path / name).mkdir()
+        for i in range(n):
+            (tmp_path / name / f"{i}.{'png' if i == 1 else 'jpg'}").write_bytes(
+                _jpeg(10 * len(name) + i, fmt="PNG" if i == 1 else "JPEG"))
+    datasets = [MXFaceDataset(FIXTURES / "rec_insightface"), ImageFolderDataset(tmp_path),
+                MXFaceDataset(FIXTURES / "rec_im2rec", transform=lambda im: im[:, 8:-8, 8:-8])]
+    for ds in datasets:
+        items = [(4, True), (0, False), (1, True), (4, False), (2, False)]
+        images, labels = ds.read_batch([i for i, _ in items], [f for _, f in items])
+        ref_images, ref_labels = _per_sample_batch(ds, items)
+        assert images.dtype == torch.uint8 and labels.dtype == torch.int64
+        assert torch.equal(images, ref_images) and torch.equal(labels, ref_labels)
+    assert images.shape == (5, 3, 96, 96)  # the transform's crop
+
+
+def test_read_batch_names_the_bad_record(tmp_path):
+    ds = MXFaceDataset(_im2rec(tmp_path, [0, 1, 0], images=[_jpeg(0), _jpeg(1), b"\xff\xd8not a jpeg"]))
+    with pytest.raises(ValueError, match=r"train.rec \(key 2\): cannot decode image"):
+        ds.read_batch([0, 2, 1], [False, True, False])
+
+
+def test_sampler_batches_cut_the_samples_in_order():
+    for drop_last, last in ((True, 5), (False, 1)):  # 47 on 3 ranks: 15 or 16 samples per rank, batches of 5
+        s = FaceSampler(47, 5, 1, 3, seed=2, drop_last=drop_last)
+        s.set_epoch(3, start_step=1)
+        samples, batches = list(s), list(s.batches())
+        assert len(batches) == s.num_batches - 1 == -(-len(samples) // 5)
+        assert [(i, f) for b in batches for i, f in zip(*b)] == samples
+        assert [len(b[0]) for b in batches] == [5] * (len(batches) - 1) + [last]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("source", ["rec", "synthetic"])
+def test_loader_batches_are_the_per_sample_batches(source):
+    """Whole batches per worker call (read_batch, or sample by sample for other datasets) give exactly the
+    normalised per-sample batches, contiguous, with workers, resumed mid-epoch, short last batch included."""
+    ds = MXFaceDataset(FIXTURES / "rec_insightface") if source == "rec" else SyntheticDataset(3, 21, (8, 8), seed=1)
+    kw = dict(rank=1, world_size=2, seed=4, device="cpu", drop_last=False)
+    for workers in (0, 2):
+        loader = get_dataloader(ds, 4, num_workers=workers, **kw)
+        loader.set_epoch(2, start_step=1)
+        got = list(loader)
+        plan = list(loader.sampler)  # (index, flip) per sample from batch 1 on
+        assert len(got) == len(loader) - 1 == -(-len(plan) // 4)
+        for k, (x, y) in enumerate(got):
+            ref_x, ref_y = _per_sample_batch(ds, plan[4 * k:4 * k + 4])
+            assert x.is_contiguous() and x.dtype == torch.float32
+            assert torch.equal(x, normalise(ref_x)) and torch.equal(y, ref_y)
+        assert got[-1][0].shape[0] == len(plan) - 4 * (len(got) - 1)
