@@ -167,7 +167,8 @@ def optimizer_step(job: Job, state: TrainState,
              lr_at(state.step, cfg.lr, d.warmup_steps, d.total_steps, power=cfg.lr_power))
     # Batch-norm running statistics change in the forward pass itself; a skipped step must put them back, or
     # one NaN batch poisons every later evaluation and checkpoint. The copy is small (r100: ~0.2 MB).
-    saved_buffers = [b.detach().clone() for b in job.backbone.buffers()]
+    buffers = [*job.backbone.buffers(), *job.head.buffers()]  # BN statistics; AdaFace's norm statistics
+    saved_buffers = [b.detach().clone() for b in buffers]
     losses = []
     for i, (images, labels) in enumerate(micro_batches):
         last = i == len(micro_batches) - 1
@@ -200,7 +201,7 @@ def optimizer_step(job: Job, state: TrainState,
         state.nonfinite_in_row += 1
         state.skipped_steps += 1
         with torch.no_grad():
-            for buffer, saved in zip(job.backbone.buffers(), saved_buffers):
+            for buffer, saved in zip(buffers, saved_buffers):
                 buffer.copy_(saved)
         backoff = (f"; loss scale {job.scaler.scale:g} -> {job.scaler.scale * job.scaler.backoff_factor:g}"
                    if job.scaler.is_enabled() else "")

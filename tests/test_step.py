@@ -167,3 +167,25 @@ def test_embedding_reaches_the_head_in_fp32_and_bf16_loss_is_close_to_fp32():
     assert abs(l16 - l32) <= 2e-2 * abs(l32), (l16, l32)
     assert (e16 - e32).norm() <= 2e-2 * e32.norm() and (w16 - w32).norm() <= 2e-2 * w32.norm()
     assert not torch.equal(w16, w32)  # the products did run in bf16
+
+
+def test_a_skipped_step_leaves_adaface_statistics_as_they_were():
+    """AdaFace's running norm statistics move in the forward pass; a skipped step puts them back, as the
+    backbone's batch-norm statistics."""
+    import train as trainer
+    from losses.adaface import AdaFace
+    from partial_fc import PartialFC
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 4 * 4, 16), nn.BatchNorm1d(16), nn.PReLU(16), nn.Linear(16, D))
+    head = PartialFC(AdaFace(s=8.0, m=0.3), D, NUM_CLASSES, 0.5, seed=1)
+    job = tiny_job(0, 1, ["num_classes=12", "sample_rate=0.5", "max_steps=10"], model, head)
+    state = TrainState()
+    trainer.optimizer_step(job, state, _batch(0, 0))
+    before = {k: v.clone() for k, v in head.named_buffers()}
+    handle = _poison_backbone(job, float("nan"))
+    assert trainer.optimizer_step(job, state, _batch(0, 1)) is None
+    handle.remove()
+    assert before and all(torch.equal(v, dict(head.named_buffers())[k]) for k, v in before.items())
+    trainer.optimizer_step(job, state, _batch(0, 2))
+    assert not all(torch.equal(v, dict(head.named_buffers())[k]) for k, v in before.items())  # a good step moves them
