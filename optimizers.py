@@ -111,14 +111,19 @@ class _RowSparseOptimizer(torch.optim.Optimizer):
                         self._update(group, values[start:end], p[start:end],
                                      {k: state[k][start:end] for k in self._state_keys}, scratch[:end - start])
                         continue
-                    idx = rows[start:end]  # (n,)
-                    param_rows = p.index_select(0, idx)  # (n, D)
-                    state_rows = {k: state[k].index_select(0, idx) for k in self._state_keys}
-                    self._update(group, values[start:end], param_rows, state_rows, scratch[:end - start])
-                    p.index_copy_(0, idx, param_rows)
-                    for k in self._state_keys:
-                        state[k].index_copy_(0, idx, state_rows[k])
+                    self._update_rows(group, p, state, rows[start:end], values[start:end], scratch[:end - start])
         return loss
+
+    def _update_rows(self, group: dict[str, Any], p: Tensor, state: dict[str, Tensor], idx: Tensor, grad: Tensor,
+                     scratch: Tensor) -> None:
+        """Update rows ``idx (n,)`` of ``p`` and its state from their gradient ``grad (n, D)``: gather, ``_update``,
+        scatter back."""
+        param_rows = p.index_select(0, idx)  # (n, D)
+        state_rows = {k: state[k].index_select(0, idx) for k in self._state_keys}
+        self._update(group, grad, param_rows, state_rows, scratch)
+        p.index_copy_(0, idx, param_rows)
+        for k in self._state_keys:
+            state[k].index_copy_(0, idx, state_rows[k])
 
 
 class RowSparseSGD(_RowSparseOptimizer):
@@ -148,6 +153,15 @@ class RowSparseSGD(_RowSparseOptimizer):
         buf = state_rows["momentum_buffer"]
         buf.mul_(group["momentum"]).add_(d)
         param_rows.add_(buf, alpha=-group["lr"])
+
+    def _update_rows(self, group, p, state, idx, grad, scratch) -> None:
+        # The same update with one pass over the weight rows fewer: the decay reads them gathered, the step
+        # is added in place (index_add_) instead of gathering, updating and scattering them back.
+        wd = group["weight_decay"]
+        d = torch.add(grad, torch.index_select(p, 0, idx, out=scratch), alpha=wd, out=scratch) if wd != 0 else grad
+        buf = state["momentum_buffer"].index_select(0, idx).mul_(group["momentum"]).add_(d)  # (n, D)
+        state["momentum_buffer"].index_copy_(0, idx, buf)
+        p.index_add_(0, idx, buf, alpha=-group["lr"])
 
 
 class RowSparseAdamW(_RowSparseOptimizer):

@@ -299,6 +299,18 @@ class PartialFC(nn.Module):
         # (seed, c·K + k), so the full weight does not depend on the world size.
         rows = _init_rows(seed, self.class_start * sub_centers, self.num_local * sub_centers, embedding_size)
         self.weight = nn.Parameter(rows.view(self.num_local, sub_centers * embedding_size))  # (num_local, K·D)
+        self._grad_rows = -1  # rows of the last step's sparse weight gradient
+        self.weight.register_post_accumulate_grad_hook(self._keep_coalesced)
+
+    def _keep_coalesced(self, weight: nn.Parameter) -> None:
+        """autograd stores the head's sparse gradient (sorted, unique rows: coalesced) as a new tensor without
+        that mark, and coalescing it again would sort and copy every row (and, on a GPU, read its size on the
+        host). When ``weight.grad`` is exactly one step's gradient, not a sum of micro-batches (whose rows
+        would number more), mark it again; the indices and values are shared, not copied."""
+        grad = weight.grad
+        if grad is not None and grad.is_sparse and not grad.is_coalesced() and grad._nnz() == self._grad_rows:
+            weight.grad = torch.sparse_coo_tensor(grad._indices(), grad._values(), grad.shape, is_coalesced=True,
+                                                  check_invariants=False)
 
     def extra_repr(self) -> str:
         return (f"embedding_size={self.embedding_size}, num_classes={self.num_classes}, "
@@ -385,6 +397,7 @@ class PartialFC(nn.Module):
         in_shard = (local >= 0) & (local < self.num_local)  # (B_global,)
         if self.sample_rate < 1.0:
             index = self._sample(local, in_shard)  # (C_s,) sorted; sparse weight grad on these rows
+            self._grad_rows = index.shape[0]
             column = torch.searchsorted(index, local.clamp(0, self.num_local - 1))  # (B_global,)
             target = torch.where(in_shard, column, -1)  # (B_global,)
         else:

@@ -43,7 +43,6 @@ from partial_fc import PartialFC
 from utils import checkpoint
 from utils.checkpoint import TrainState
 from utils.config import Config, Derived, check_paths, check_world, data_identity, derive, fingerprint, load_config
-from utils.cpu_memory import keep_freed_memory
 from utils.distributed import get_rank, get_world_size, init_process_group, pick_device, wrap_ddp
 from utils.files import load_weights
 from utils.logging_setup import ProgressLog, one_line, setup_logging
@@ -267,8 +266,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as exc:  # a mistake in the config or --set: one line, no traceback
         print(f"train.py: {exc}", file=sys.stderr)
         return 2
-    if device.type == "cpu":
-        keep_freed_memory()  # the head's large per-step tensors reuse warm heap pages (utils/cpu_memory.py)
     init_process_group(device, cfg.dist_timeout_minutes)
     try:
         rank, world_size = get_rank(), get_world_size()

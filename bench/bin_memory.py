@@ -16,7 +16,6 @@ it is decoded).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import multiprocessing
 import sys
@@ -29,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from bench.common import current_rss_bytes, markdown_table, peak_rss_bytes, write_json  # noqa: E402
+from utils.cpu_memory import trim_heap  # noqa: E402
 
 TARGET = 1.15
 IMAGE_SIZE = (112, 112)
@@ -55,15 +55,6 @@ def write_synthetic_bin(path: Path, num_images: int) -> None:
     save_bin(path, synthetic_jpegs(num_images), [i % 2 == 0 for i in range(num_images // 2)])
 
 
-def _malloc_trim() -> None:
-    """Return freed heap to the OS (glibc), so the baseline holds no free memory ``load_bin`` could reuse."""
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return  # not glibc: the baseline is what the allocator holds
-    trim(0)
-
-
 def measure(path: str, warmup_path: str) -> dict[str, Any]:
     """Run in a fresh process: resident-set growth and peak of ``load_bin(path)``."""
     torch.set_num_threads(1)
@@ -71,7 +62,7 @@ def measure(path: str, warmup_path: str) -> dict[str, Any]:
 
     load_bin(warmup_path)  # first use of the decoders and allocator pools is not load_bin's cost
     gc.collect()
-    _malloc_trim()
+    trim_heap()  # the baseline holds no freed memory load_bin could reuse
     before = current_rss_bytes()
     data = load_bin(path)
     gc.collect()

@@ -1,7 +1,8 @@
 """Partial FC head step against its floor: the three matrix products no implementation can avoid.
 
     python bench/head.py --num-classes 1000000 --sample-rate 0.1 --world-size 2 --batch-size 128 \
-        --embedding-size 512 --threads 1 [--optimizer sgd|adamw] [--device cpu|cuda] [--json PATH]
+        --embedding-size 512 --threads 1 [--optimizer sgd|adamw] [--update sampled|all] [--device cpu|cuda] \
+        [--json PATH]
 
 Spawns ``--world-size`` ranks (gloo on CPU, NCCL on CUDA). Each rank builds the head exactly as
 ``train.py`` does (``PartialFC`` + ``build_head_optimizer``) and times one step: forward, backward,
@@ -19,6 +20,7 @@ medians over ``--repeats`` steps after ``--warmup`` untimed ones, with (min, max
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 from contextlib import contextmanager
@@ -32,7 +34,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from bench.common import Timing, current_rss_bytes, markdown_table, peak_rss_bytes, time_call, write_json  # noqa: E402
-from utils.cpu_memory import keep_freed_memory, trim_heap  # noqa: E402
+from utils.cpu_memory import huge_pages_env, trim_heap  # noqa: E402
 from utils.distributed import run_on_local_ranks  # noqa: E402
 
 
@@ -45,6 +47,7 @@ class HeadConfig:
     batch_size: int
     embedding_size: int = 512
     optimizer: str = "sgd"
+    update: str = "sampled"  # the head's update mode (PartialFC `update`, config `head_update`)
     device: str = "cpu"
     threads: int = 1
     repeats: int = 5
@@ -119,8 +122,6 @@ def head_rank(rank: int, world_size: int, cfg: HeadConfig) -> dict[str, Any]:
     device = torch.device(cfg.device, rank) if cfg.device == "cuda" else torch.device(cfg.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    else:
-        keep_freed_memory()  # as train.py on the CPU
     torch.manual_seed(cfg.seed)  # the same per-step sampling seed on every rank, as in training
     gen = torch.Generator().manual_seed(cfg.seed * 1009 + rank)
     D, B = cfg.embedding_size, cfg.batch_size
@@ -132,7 +133,7 @@ def head_rank(rank: int, world_size: int, cfg: HeadConfig) -> dict[str, Any]:
     # One step of a tiny head first: the first optimizer and the first backward load library code
     # (~200 MB of RSS in torch 2.14, e.g. torch._dynamo via torch.optim) that a trainer has already paid
     # for its backbone; the figure below is the head's own memory.
-    tiny = PartialFC(ArcFace(), D, 4 * world_size, cfg.sample_rate, seed=cfg.seed).to(device)
+    tiny = PartialFC(ArcFace(), D, 4 * world_size, cfg.sample_rate, seed=cfg.seed, update=cfg.update).to(device)
     tiny_opt = build_head_optimizer(tiny, cfg.optimizer, lr=0.1, momentum=0.9, weight_decay=5e-4)
     tiny(embeddings, label_sets[0] % (4 * world_size)).backward()
     tiny_opt.step()
@@ -155,7 +156,7 @@ def head_rank(rank: int, world_size: int, cfg: HeadConfig) -> dict[str, Any]:
         torch.mm(g.t(), e, out=d_w)  # (C_s, D)
 
     with measure_peak(device) as meter:
-        head = PartialFC(ArcFace(), D, cfg.num_classes, cfg.sample_rate, seed=cfg.seed).to(device)
+        head = PartialFC(ArcFace(), D, cfg.num_classes, cfg.sample_rate, seed=cfg.seed, update=cfg.update).to(device)
         opt = build_head_optimizer(head, cfg.optimizer, lr=0.1, momentum=0.9, weight_decay=5e-4)
         calls = [0]
 
@@ -192,7 +193,9 @@ def _timing(samples: list[float]) -> dict[str, float]:
 
 
 def run(cfg: HeadConfig, world_size: int, timeout: float = 3600.0) -> list[dict[str, Any]]:
-    """Run ``head_rank`` on ``world_size`` spawned local ranks (gloo on CPU, NCCL on CUDA); every rank's figures."""
+    """Run ``head_rank`` on ``world_size`` spawned local ranks (gloo on CPU, NCCL on CUDA); every rank's figures.
+    The ranks start with glibc's huge-page tunable, as scripts/run.sh and scripts/demo.py start trainers."""
+    os.environ.update(huge_pages_env())
     return run_on_local_ranks(head_rank, world_size, cfg, backend="nccl" if cfg.device == "cuda" else "gloo",
                               timeout=timeout)
 
@@ -221,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
     parser.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
+    parser.add_argument("--update", choices=("sampled", "all"), default="sampled",
+                        help="head update: only the sampled rows (default) or every row (arcface_torch's)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--json", help="write the results here")
@@ -229,19 +234,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"need --world-size, --batch-size, --repeats >= 1 and --warmup >= 0; got "
                      f"{args.world_size}, {args.batch_size}, {args.repeats}, {args.warmup}")
     cfg = HeadConfig(num_classes=args.num_classes, sample_rate=args.sample_rate, batch_size=args.batch_size,
-                     embedding_size=args.embedding_size, optimizer=args.optimizer, device=args.device,
+                     embedding_size=args.embedding_size, optimizer=args.optimizer, update=args.update, device=args.device,
                      threads=args.threads, repeats=args.repeats, warmup=args.warmup)
     result = summarise(cfg, args.world_size, run(cfg, args.world_size))
-    s, f = result["step"], result["floor"]
+    s, f, pairs = result["step"], result["floor"], result["ranks"][0]["pair_ratios"]
     mib = 1 << 20
     print(markdown_table(
-        ["classes", "R", "ranks x threads", "B/rank", "D", "opt", "step s (min-max)", "floor s (min-max)",
-         "step/floor", "peak MiB/rank", "shard MiB", "peak/shard"],
+        ["classes", "R", "ranks x threads", "B/rank", "D", "opt/update", "step s (min-max)", "floor s (min-max)",
+         "step/floor (pairs min-max)", "peak MiB/rank", "shard MiB", "peak/shard"],
         [[args.num_classes, args.sample_rate, f"{args.world_size} x {args.threads}", args.batch_size,
-          args.embedding_size, args.optimizer,
+          args.embedding_size, f"{args.optimizer}/{args.update}",
           f"{s['median_s']:.4f} ({s['min_s']:.4f}-{s['max_s']:.4f})",
           f"{f['median_s']:.4f} ({f['min_s']:.4f}-{f['max_s']:.4f})",
-          f"{result['ratio']:.2f}", f"{result['peak_mem_bytes'] / mib:.0f}", f"{result['shard_bytes'] / mib:.0f}",
+          f"{result['ratio']:.2f} ({min(pairs):.2f}-{max(pairs):.2f})", f"{result['peak_mem_bytes'] / mib:.0f}",
+          f"{result['shard_bytes'] / mib:.0f}",
           f"{result['peak_over_shard']:.2f}"]]))
     write_json(args.json, result)
     return 0

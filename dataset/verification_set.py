@@ -9,7 +9,6 @@ other global in the file is refused before anything from the file runs.
 from __future__ import annotations
 
 import codecs
-import ctypes
 import os
 import pickle
 import warnings
@@ -21,6 +20,7 @@ import torch
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
 from dataset.images import resize
+from utils.cpu_memory import trim_heap
 from utils.files import atomic_write
 
 __all__ = ["BinData", "BadBinError", "RefusedGlobal", "load_bin", "save_bin", "unpickle_bin"]
@@ -197,23 +197,10 @@ def load_bin(path: str | os.PathLike, image_size: tuple[int, int] = (112, 112)) 
         _decode_into(images, [_as_encoded_tensor(bins[i], path, i) for i in range(start, stop)], start, path)
         bins[start:stop] = [None] * (stop - start)  # the encoded bytes are not needed any more
     del bins
-    _release_freed_heap()
+    # glibc returns freed heap to the OS only from its top; the pickle's thousands of small bytes objects lie
+    # between longer-lived allocations, so without a trim a good part of the file's size stays resident.
+    trim_heap()
     return BinData(images, issame)
-
-
-def _release_freed_heap() -> None:
-    """Hand the heap freed by the encoded bytes back to the OS (glibc ``malloc_trim``).
-
-    glibc returns freed heap to the OS only from the top of the heap; the pickle's thousands of small
-    bytes objects lie between longer-lived allocations, so without this a good part of the file's size
-    stays resident after loading (``bench/bin_memory.py`` measures what stays). A no-op where the C
-    library has no ``malloc_trim`` (macOS, musl, Windows).
-    """
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError, TypeError):
-        return
-    trim(0)
 
 
 def save_bin(path: str | os.PathLike, images: Sequence[bytes], issame: Sequence[bool]) -> None:

@@ -24,8 +24,10 @@ sys.path.insert(0, str(ROOT))
 
 def run(cmd: list[str], what: str) -> None:
     """Run a step of the demo, streaming its output; stop the demo with its exit code if it fails."""
+    from utils.cpu_memory import huge_pages_env
+
     print(f"\n=== {what}\n$ {' '.join(cmd)}", flush=True)
-    proc = subprocess.run(cmd, cwd=ROOT)
+    proc = subprocess.run(cmd, cwd=ROOT, env=huge_pages_env())
     if proc.returncode != 0:
         print(f"demo: {what} failed with exit code {proc.returncode}", file=sys.stderr)
         raise SystemExit(proc.returncode)

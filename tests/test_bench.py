@@ -81,3 +81,12 @@ def test_plan_cli_json(tmp_path):
                           "--embedding-size", "512", "--batch-size", "128"], tmp_path / "plan.json", timeout=60)
     plan = result["plan"]
     assert plan["num_local"] == 3_625_000 and plan["peak_bytes"] == max(plan["phases"].values())
+
+
+def test_huge_pages_env_adds_the_tunable_once():
+    from utils.cpu_memory import huge_pages_env
+
+    assert huge_pages_env({})["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
+    kept = huge_pages_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2", "X": "1"})
+    assert kept == {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1", "X": "1"}
+    assert huge_pages_env({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"})["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=0"
