@@ -26,11 +26,13 @@ demo: $(VENV)/.installed
 # JSON under work_dirs/bench/.
 BENCH_OUT := work_dirs/bench
 bench: $(VENV)/.installed
-	$(PY) bench/head.py --num-classes 1000000 --sample-rate 0.1 --world-size 2 --batch-size 128 --embedding-size 512 --threads 1 --json $(BENCH_OUT)/head_r0.1.json
-	$(PY) bench/head.py --num-classes 1000000 --sample-rate 1.0 --world-size 2 --batch-size 128 --embedding-size 512 --threads 1 --repeats 3 --json $(BENCH_OUT)/head_r1.json
+	$(PY) bench/head.py --num-classes 1000000 --world-size 2 --batch-size 128 --embedding-size 512 --threads 1 --sample-rate 0.1 --json $(BENCH_OUT)/head_r0.1.json
+	$(PY) bench/head.py --num-classes 1000000 --world-size 2 --batch-size 128 --embedding-size 512 --threads 1 --sample-rate 1.0 --repeats 3 --json $(BENCH_OUT)/head_r1.json
+	$(PY) bench/head.py --num-classes 1000000 --world-size 2 --batch-size 128 --embedding-size 512 --threads 1 --sample-rate 0.1 --optimizer adamw --json $(BENCH_OUT)/head_r0.1_adamw.json
+	$(PY) bench/head.py --num-classes 1000000 --world-size 2 --batch-size 128 --embedding-size 512 --threads 1 --sample-rate 0.1 --update all --repeats 3 --json $(BENCH_OUT)/head_r0.1_all.json
 	$(PY) bench/backbone.py --network r50 --batch-size 8 --repeats 3 --json $(BENCH_OUT)/backbone_r50.json
-	$(PY) bench/backbone.py --network r50 --batch-size 8 --repeats 3 --channels-last --json $(BENCH_OUT)/backbone_r50_cl.json
 	$(PY) bench/loader.py --workers 1 --json $(BENCH_OUT)/loader.json
+	$(PY) bench/bin_memory.py --images 12000 --json $(BENCH_OUT)/bin_memory.json
 	$(PY) bench/plan.py --num-classes 29000000 --gpus 8 --sample-rate 0.1 --embedding-size 512 --batch-size 128 --json $(BENCH_OUT)/plan.json
 
 # The CUDA path on a GPU machine, with that machine's own python3 and torch (no .venv, nothing downloaded):
