@@ -22,7 +22,7 @@ test: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(PY) scripts/demo.py
 
-# Every benchmark on the CPU (2.5 minutes on a quiet 2-core machine, longer under load); tables on stdout,
+# Every benchmark on the CPU (3.5 minutes on a quiet 2-core machine, longer under load); tables on stdout,
 # JSON under work_dirs/bench/.
 BENCH_OUT := work_dirs/bench
 bench: $(VENV)/.installed
