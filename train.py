@@ -252,8 +252,8 @@ def train(job: Job, state: TrainState) -> None:
                 break
     if progress is not None:
         progress.close()
-    logger.info("done: %d steps, %d skipped for a non-finite loss; model at %s", state.step, state.skipped_steps,
-                job.output / "model.pt")
+    logger.info("done: %d steps, %d skipped for a non-finite loss or gradient; model at %s", state.step,
+                state.skipped_steps, job.output / "model.pt")
 
 
 # ------------------------------ Entry point ----------------------------------------------------------------

@@ -101,7 +101,7 @@ config.weight_decay = 5e-4
 config.gradient_acc = 1
 # Clip the backbone's gradient norm to this value (arcface_torch clips at 5); 0 = no clipping; >= 0.
 config.clip_grad_norm = 5.0
-# Stop the job after this many optimizer steps in a row with a non-finite loss; >= 1.
+# Stop the job after this many optimizer steps in a row skipped for a non-finite loss or gradient; >= 1.
 config.max_nonfinite_steps = 10
 
 # ---------------------------------------------------------------- data

@@ -25,7 +25,7 @@ def test_without_cuda_it_says_so_in_one_line_and_exits_1(tmp_path):
 def test_training_log_judgement():
     log = "\n".join(f"12:00:00 INFO step {s}/300 epoch 0 | loss {30 - s / 20:.4f} | lr 0.1" for s in range(10, 301, 10))
     fp16 = log + "\n12:00:00 WARNING step 3: non-finite backbone gradients (loss 31.2); update ...\n" \
-                 "12:00:00 INFO done: 300 steps, 1 skipped for a non-finite loss; model at x"
+                 "12:00:00 INFO done: 300 steps, 1 skipped for a non-finite loss or gradient; model at x"
     parsed = gpu_check.parse_training_log(fp16)
     assert parsed["steps"] == 300 and parsed["skipped_at"] == [3] and len(parsed["losses"]) == 30
     assert gpu_check.judge_training(parsed, "fp16")[0]  # a skip while the loss scale settles
