@@ -43,3 +43,21 @@ def test_short_demo_beats_the_untrained_baseline(tmp_path):
     assert list((output / "tensorboard").glob("events.out.tfevents.*"))
     assert (tmp_path / "data" / "preview.png").is_file()
     assert "verification at step 40" in (output / "training.log").read_text()
+
+
+def test_side_by_side_steps_print_in_order_and_stop_on_a_failure(capsys, monkeypatch):
+    from scripts import demo
+
+    monkeypatch.setattr(demo.os, "cpu_count", lambda: 2)  # side by side, one thread each, on any machine
+
+    ok = [sys.executable, "-c", "import os; print('first', os.environ['OMP_NUM_THREADS'])"]
+    demo.run_side_by_side([(ok, "step one"), ([sys.executable, "-c", "print('second')"], "step two")])
+    out = capsys.readouterr().out
+    assert out.index("=== step one") < out.index("first 1") < out.index("=== step two") < out.index("second")
+
+    failing = [sys.executable, "-c", "import sys; print('broken'); sys.exit(7)"]
+    with pytest.raises(SystemExit) as exc:
+        demo.run_side_by_side([(failing, "bad step"), (ok, "good step")])
+    assert exc.value.code == 7
+    captured = capsys.readouterr()
+    assert "broken" in captured.out and "demo: bad step failed with exit code 7" in captured.err
