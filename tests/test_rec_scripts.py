@@ -261,9 +261,11 @@ def test_make_rec_stopped_while_writing_leaves_no_temporary_files(tmp_path, sig)
     before = {p.name: p.read_bytes() for p in (tmp_path / "rec").iterdir()}
     fifo = faces / "b" / "zz.jpg"  # sorted last: the writer blocks on it after writing the others
     os.mkfifo(fifo)
+    # A job started with `&` by a non-interactive shell (a CI script, `make test &`) inherits SIGINT ignored,
+    # and so would the tool: give it the default disposition, as a terminal's process has.
     proc = subprocess.Popen([sys.executable, "scripts/make_rec.py", "--images", str(faces), "--out",
                              str(tmp_path / "rec")], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         with open(fifo, "wb") as f:  # the check pass reads it once
             f.write(_image(6))
