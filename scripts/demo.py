@@ -28,10 +28,14 @@ def run(cmd: list[str], what: str) -> None:
     from utils.cpu_memory import huge_pages_env
 
     print(f"\n=== {what}\n$ {' '.join(cmd)}", flush=True)
-    proc = subprocess.run(cmd, cwd=ROOT, env=huge_pages_env())
-    if proc.returncode != 0:
-        print(f"demo: {what} failed with exit code {proc.returncode}", file=sys.stderr)
-        raise SystemExit(proc.returncode)
+    _stop_if_failed(what, subprocess.run(cmd, cwd=ROOT, env=huge_pages_env()).returncode)
+
+
+def _stop_if_failed(what: str, returncode: int) -> None:
+    """Stop the demo with a step's exit code if it is not 0, naming the step."""
+    if returncode != 0:
+        print(f"demo: {what} failed with exit code {returncode}", file=sys.stderr)
+        raise SystemExit(returncode)
 
 
 def run_side_by_side(steps: list[tuple[list[str], str]]) -> None:
@@ -53,9 +57,7 @@ def run_side_by_side(steps: list[tuple[list[str], str]]) -> None:
     outputs = [proc.communicate()[0] for proc in procs]
     for (cmd, what), proc, output in zip(steps, procs, outputs):
         print(f"\n=== {what}\n$ {' '.join(cmd)}\n{output}", end="", flush=True)
-        if proc.returncode != 0:
-            print(f"demo: {what} failed with exit code {proc.returncode}", file=sys.stderr)
-            raise SystemExit(proc.returncode)
+        _stop_if_failed(what, proc.returncode)
 
 
 def verify_command(cfg, targets: list[str], model: list[str], json_path: Path, roc: Path | None) -> list[str]:
