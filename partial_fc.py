@@ -53,7 +53,7 @@ from losses import Margin
 # The head's optimizers live in optimizers.py; their names stay importable from here, as README showed them.
 from optimizers import RowSparseAdamW, RowSparseSGD, build_head_optimizer
 from utils.distributed import (Tactic, all_gather_cat, all_gather_sizes, get_rank, get_world_size, resolve_tactic,
-                               rows_per_block, sharded_cross_entropy, to_host)
+                               rows_per_block, sharded_cross_entropy, sharded_log_sum_exp, to_host)
 
 __all__ = ["HEAD_UPDATES", "HeadUpdate", "PartialFC", "PartialFC_V2", "RowSparseAdamW", "RowSparseSGD",
            "build_head_optimizer", "class_partition", "sample_size"]
@@ -136,10 +136,75 @@ def _sampling_keys(class_ids: Tensor, seed: Tensor) -> Tensor:
     return (hashed << 32) | class_ids
 
 
+def _cosine_products(emb: Tensor, weight: Tensor, index: Tensor | None) -> tuple[Tensor, Tensor, torch.dtype, tuple]:
+    """The forward half both head functions share: ``(prod, e_norm, compute_dtype, saved)``.
+
+    ``prod (B, C·K)`` fp32 is ``ê @ Wᵀ`` for the rows ``index`` of ``weight`` (all rows for ``None``), not yet
+    divided by the centre norms (the caller scales it by ``saved``'s ``inv_w`` in place, so the normalised
+    weight is never materialised); ``e_norm (B,)`` fp32. The product runs in the ambient autocast dtype
+    (bf16/fp16 operands, fp32 accumulation), everything else in fp32. ``saved`` is what
+    ``_cosine_products_backward`` needs: ``(e_hat, rows, index, inv_e, inv_w, e_ok, w_ok)``.
+    """
+    device_type = emb.device.type
+    compute_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else torch.float32
+    with torch.autocast(device_type, enabled=False):
+        rows = weight if index is None else weight.index_select(0, index)  # (C, K·D)
+        rows = rows.view(-1, emb.shape[1])  # (C·K, D) one centre per row
+        emb = emb.float()
+        e_norm = torch.linalg.vector_norm(emb, dim=1)  # (B,)
+        w_norm = torch.linalg.vector_norm(rows, dim=1)  # (C,)
+        inv_e = 1.0 / e_norm.clamp_min(_NORM_EPS)  # (B,)
+        inv_w = 1.0 / w_norm.clamp_min(_NORM_EPS)  # (C,)
+        e_hat = emb * inv_e[:, None]  # (B, D)
+        if compute_dtype == torch.float32:
+            prod = torch.mm(e_hat, rows.t())  # (B, C)
+        else:
+            prod = torch.mm(e_hat.to(compute_dtype), rows.to(compute_dtype).t()).float()  # (B, C)
+    return prod, e_norm, compute_dtype, (e_hat, rows, index, inv_e, inv_w, e_norm > _NORM_EPS, w_norm > _NORM_EPS)
+
+
+def _cosine_products_backward(ctx, saved: tuple, scaled: Tensor, dot_w: Tensor,
+                              dot_e: Tensor) -> tuple[Tensor | None, Tensor | None]:
+    """The backward half both head functions share: ``(∂L/∂emb, ∂L/∂weight)`` from ``scaled = G = g·diag(1/|W|)``
+    ``(B, C·K)``, ``dot_w = Σ_b g⊙cos (C·K,)`` and ``dot_e = Σ_c g⊙cos (B,)`` (``g = ∂L/∂cos``), see
+    ``_NormalizedLinear``. ``ctx`` carries ``compute_dtype``, ``sparse``, ``weight_shape`` and
+    ``needs_input_grad`` (emb first, weight second)."""
+    e_hat, rows, index, inv_e, inv_w, e_ok, w_ok = saved
+    cd = ctx.compute_dtype
+    dot_w.mul_(w_ok)  # (C,) ŵ·∂L/∂ŵ
+    dot_e.mul_(e_ok)  # (B,) ê·∂L/∂ê
+    grad_emb = grad_weight = None
+    fp32 = cd == torch.float32
+    if ctx.needs_input_grad[0]:
+        d_e_hat = torch.mm(scaled, rows) if fp32 else torch.mm(scaled.to(cd), rows.to(cd)).float()  # (B, D)
+        grad_emb = d_e_hat.sub_(e_hat * dot_e[:, None]).mul_(inv_e[:, None])
+    if ctx.needs_input_grad[1]:
+        coef = (dot_w * inv_w * inv_w)[:, None]  # (C, 1)
+        if fp32:
+            # −coef·W written once, then the product accumulated onto it: one pass over (C, D) fewer
+            # than a product followed by addcmul_. The gathered rows are this step's own copy: reuse it.
+            values = rows.mul_(coef.neg_()) if index is not None else torch.mul(rows, coef.neg_())
+            values.addmm_(scaled.t(), e_hat)  # (C, D)
+        else:
+            values = torch.mm(scaled.t().to(cd), e_hat.to(cd)).float()  # (C, D)
+            values.addcmul_(rows, coef, value=-1.0)
+        values = values.view(-1, ctx.weight_shape[1])  # (C, K·D) back to one row per class
+        if index is None:
+            grad_weight = values
+        elif ctx.sparse:
+            grad_weight = torch.sparse_coo_tensor(index[None], values, ctx.weight_shape,
+                                                  is_coalesced=True, check_invariants=False)  # (N, K·D)
+        else:
+            grad_weight = values.new_zeros(ctx.weight_shape).index_copy_(0, index, values)  # (N, K·D)
+    return grad_emb, grad_weight
+
+
 class _NormalizedLinear(torch.autograd.Function):
     """Cosines between rows of ``emb (B, D)`` and the centres of rows ``index (C,)`` of ``weight (N, K·D)``:
     ``(B, C·K)`` fp32, and the embedding norms ``|emb| (B,)`` fp32 (not differentiable: margins that read
-    them, AdaFace, treat them as constants).
+    them, AdaFace, treat them as constants). The head uses it when its margin changes more than the target
+    columns (AdaFace, inter-class filtering, a plain callable) or with sub-centres; otherwise
+    ``_MarginSoftmax`` does the same products with the margin and the cross-entropy fused in.
 
     A weight row holds its class's ``K`` centres (sub-centres) side by side, so ``weight`` is the
     ``(N·K, D)`` matrix of centres with class ``c``'s centres in rows ``c·K … c·K + K − 1``, and column
@@ -163,70 +228,113 @@ class _NormalizedLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, emb: Tensor, weight: Tensor, index: Tensor | None, tactic: str,
                 sparse: bool) -> tuple[Tensor, Tensor]:
-        device_type = emb.device.type
-        compute_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) \
-            else torch.float32
-        with torch.autocast(device_type, enabled=False):
-            rows = weight if index is None else weight.index_select(0, index)  # (C, K·D)
-            rows = rows.view(-1, emb.shape[1])  # (C·K, D) one centre per row
-            emb = emb.float()
-            e_norm = torch.linalg.vector_norm(emb, dim=1)  # (B,)
-            w_norm = torch.linalg.vector_norm(rows, dim=1)  # (C,)
-            inv_e = 1.0 / e_norm.clamp_min(_NORM_EPS)  # (B,)
-            inv_w = 1.0 / w_norm.clamp_min(_NORM_EPS)  # (C,)
-            e_hat = emb * inv_e[:, None]  # (B, D)
-            if compute_dtype == torch.float32:
-                cos = torch.mm(e_hat, rows.t())  # (B, C)
-            else:
-                cos = torch.mm(e_hat.to(compute_dtype), rows.to(compute_dtype).t()).float()  # (B, C)
-            cos.mul_(inv_w[None, :])
-        ctx.compute_dtype = compute_dtype
+        cos, e_norm, ctx.compute_dtype, saved = _cosine_products(emb, weight, index)
+        cos.mul_(saved[4][None, :])  # (B, C) times 1/|W| per column
         ctx.tactic = tactic
         ctx.sparse = sparse
         ctx.weight_shape = weight.shape
-        ctx.save_for_backward(e_hat, rows, index, inv_e, inv_w, e_norm > _NORM_EPS, w_norm > _NORM_EPS, cos)
+        ctx.save_for_backward(*saved, cos)
         ctx.mark_non_differentiable(e_norm)
         return cos, e_norm
 
     @staticmethod
     def backward(ctx, grad: Tensor, _grad_norm: Tensor | None):
-        e_hat, rows, index, inv_e, inv_w, e_ok, w_ok, cos = ctx.saved_tensors
-        cd = ctx.compute_dtype
+        *saved, cos = ctx.saved_tensors
+        inv_w = saved[4]
         dot_w = torch.zeros_like(inv_w)  # (C,)
-        dot_e = torch.empty_like(inv_e)  # (B,)
+        dot_e = torch.empty_like(saved[3])  # (B,)
         step = rows_per_block(cos.shape[1], cos.shape[0], ctx.tactic)
+        ones = cos.new_ones(min(step, cos.shape[0]))  # (step,)
         for start in range(0, cos.shape[0], step):
             block = cos[start: start + step].mul_(grad[start: start + step])  # (step, C) g⊙cos, in place
-            dot_w.add_(block.sum(dim=0))
+            dot_w.addmv_(block.t(), ones[:block.shape[0]])  # column sums as a matrix-vector product: ~5x sum(dim=0)
             torch.sum(block, dim=1, out=dot_e[start: start + step])
             torch.mul(grad[start: start + step], inv_w[None, :], out=block)  # (step, C) G
-        dot_w.mul_(w_ok)  # (C,) ŵ·∂L/∂ŵ
-        dot_e.mul_(e_ok)  # (B,) ê·∂L/∂ê
-        scaled = cos  # (B, C) G, in the forward's tensor
-        grad_emb = grad_weight = None
-        fp32 = cd == torch.float32
-        if ctx.needs_input_grad[0]:
-            d_e_hat = torch.mm(scaled, rows) if fp32 else torch.mm(scaled.to(cd), rows.to(cd)).float()  # (B, D)
-            grad_emb = d_e_hat.sub_(e_hat * dot_e[:, None]).mul_(inv_e[:, None])
-        if ctx.needs_input_grad[1]:
-            coef = (dot_w * inv_w * inv_w)[:, None]  # (C, 1)
-            if fp32:
-                # −coef·W written once, then the product accumulated onto it: one pass over (C, D) fewer
-                # than a product followed by addcmul_. The gathered rows are this step's own copy: reuse it.
-                values = rows.mul_(coef.neg_()) if index is not None else torch.mul(rows, coef.neg_())
-                values.addmm_(scaled.t(), e_hat)  # (C, D)
-            else:
-                values = torch.mm(scaled.t().to(cd), e_hat.to(cd)).float()  # (C, D)
-                values.addcmul_(rows, coef, value=-1.0)
-            values = values.view(-1, ctx.weight_shape[1])  # (C, K·D) back to one row per class
-            if index is None:
-                grad_weight = values
-            elif ctx.sparse:
-                grad_weight = torch.sparse_coo_tensor(index[None], values, ctx.weight_shape,
-                                                      is_coalesced=True, check_invariants=False)  # (N, K·D)
-            else:
-                grad_weight = values.new_zeros(ctx.weight_shape).index_copy_(0, index, values)  # (N, K·D)
+        grad_emb, grad_weight = _cosine_products_backward(ctx, tuple(saved), cos, dot_w, dot_e)
         return grad_emb, grad_weight, None, None, None
+
+
+class _MarginSoftmax(torch.autograd.Function):
+    """The head's loss in one function when its margin changes only the target columns (ArcFace, CosFace,
+    every ``CombinedMarginLoss`` without inter-class filtering) and each class has one centre.
+
+    Inputs as ``_NormalizedLinear`` plus ``target (B,)`` (the sample's column here, -1 where another rank
+    holds it) and the margin, whose ``target_only_scale()`` is ``s`` and whose ``target_logits(x)`` gives the
+    target logits and their slopes. Output: the mean cross-entropy over the global batch, as
+    ``sharded_cross_entropy(margin(_NormalizedLinear(...)))``.
+
+    The logits are never stored: non-target logits are ``s·cos``, target logits come from the margin, so each
+    row block of cosines is scaled, given its targets, and reduced to its maximum and its sum of exponentials
+    while it is in cache (``sharded_log_sum_exp`` combines the ranks). The backward recomputes the block's
+    logits the same way, forms ``g = ∂L/∂cos`` (``s·softmax`` off target, ``slope·(softmax − 1)`` on it, over
+    the batch), reduces ``g⊙cos`` and writes ``G = g·diag(1/|W|)`` over the cosines. One ``(B, C)`` buffer and
+    one read and write of it each way, against the unfused chain's three buffers and about a dozen passes.
+    """
+
+    @staticmethod
+    def forward(ctx, emb: Tensor, weight: Tensor, index: Tensor | None, target: Tensor, margin,
+                tactic: str, sparse: bool) -> Tensor:
+        cos, _, ctx.compute_dtype, saved = _cosine_products(emb, weight, index)  # cos: (B, C) still unscaled
+        inv_w = saved[4]
+        batch, classes = cos.shape
+        s = margin.target_only_scale()
+        here = (target >= 0)[:, None]  # (B, 1)
+        col = target.clamp_min(0)[:, None]  # (B, 1)
+        target_logit, slope = margin.target_logits(cos.gather(1, col) * inv_w[col])  # (B, 1) each
+        local_max, local_sum = cos.new_empty(batch), cos.new_empty(batch)  # (B,)
+        step = rows_per_block(classes, batch, tactic)
+        work = cos.new_empty((min(step, batch), classes))  # (step, C) the block's logits
+        for start in range(0, batch, step):
+            block = cos[start: start + step].mul_(inv_w)  # (step, C) cosines, kept for the backward
+            logits = _block_logits(block, s, target_logit, here, col, start, work)
+            torch.amax(logits, dim=1, out=local_max[start: start + step])
+            torch.sum(logits.sub_(local_max[start: start + step, None]).exp_(), dim=1,
+                      out=local_sum[start: start + step])
+        row_max, sum_exp, total_target = sharded_log_sum_exp(
+            local_max, local_sum, torch.where(here, target_logit, 0.0)[:, 0])
+        loss = (torch.log(sum_exp) + row_max - total_target).mean()
+        ctx.s, ctx.tactic, ctx.sparse, ctx.weight_shape = s, tactic, sparse, weight.shape
+        ctx.save_for_backward(*saved, cos, row_max, sum_exp, target_logit, slope, here, col)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor):
+        *saved, cos, row_max, sum_exp, target_logit, slope, here, col = ctx.saved_tensors
+        inv_w, s = saved[4], ctx.s
+        batch, classes = cos.shape
+        scale = grad_loss / batch  # ()
+        coef = scale / sum_exp  # (B,)
+        dot_w = torch.zeros_like(inv_w)  # (C,)
+        dot_e = torch.empty_like(saved[3])  # (B,)
+        step = rows_per_block(classes, batch, ctx.tactic)
+        work = cos.new_empty((min(step, batch), classes))  # (step, C)
+        ones = cos.new_ones(min(step, batch))  # (step,)
+        for start in range(0, batch, step):
+            end = min(start + step, batch)
+            block = cos[start:end]  # (step, C) cosines
+            p = _block_logits(block, s, target_logit, here, col, start, work)
+            p.sub_(row_max[start:end, None]).exp_().mul_(coef[start:end, None])  # softmax / B
+            c = col[start:end]
+            p_t = p.gather(1, c)  # (step, 1)
+            g_t = torch.where(here[start:end], (p_t - scale) * slope[start:end], p_t * s)  # (step, 1)
+            g = p.mul_(s).scatter_(1, c, g_t)  # (step, C) ∂L/∂cos
+            prod = block.mul_(g)  # (step, C) g⊙cos over the cosines, which are no longer needed
+            dot_w.addmv_(prod.t(), ones[:end - start])  # column sums (see _NormalizedLinear)
+            torch.sum(prod, dim=1, out=dot_e[start:end])
+            torch.mul(g, inv_w, out=block)  # (step, C) G
+        grad_emb, grad_weight = _cosine_products_backward(ctx, tuple(saved), cos, dot_w, dot_e)
+        return grad_emb, grad_weight, None, None, None, None, None
+
+
+def _block_logits(block: Tensor, s: float, target_logit: Tensor, here: Tensor, col: Tensor, start: int,
+                  work: Tensor) -> Tensor:
+    """Logits of a row block of cosines ``block (n, C)`` (rows ``start …`` of the batch) in ``work``: ``s·cos``,
+    and on each row's target column (where ``here``) the margin's ``target_logit``. Rows whose class is
+    elsewhere read and write back column 0, so the operations do not depend on the labels."""
+    end = start + block.shape[0]
+    logits = torch.mul(block, s, out=work[:block.shape[0]])  # (n, C)
+    c = col[start:end]
+    return logits.scatter_(1, c, torch.where(here[start:end], target_logit[start:end], logits.gather(1, c)))
 
 
 class PartialFC(nn.Module):
@@ -238,7 +346,10 @@ class PartialFC(nn.Module):
             the ``losses.Margin`` protocol), the head calls ``apply_margin(cosines, labels, norms)`` with the
             norms ``(B,)`` of the gathered embeddings (it has checked the labels itself); a plain callable is
             called with ``(cosines, labels)``. A module margin is a submodule: its buffers (AdaFace's running
-            statistics) are the head's, the same on every rank.
+            statistics) are the head's, the same on every rank. A margin that changes only the target column
+            (``target_only_scale()`` is not None: ArcFace, CosFace, ``CombinedMarginLoss`` without inter-class
+            filtering) is fused with the cross-entropy when ``sub_centers == 1`` (``_MarginSoftmax``: the
+            logits are never stored); the values are those of the unfused chain.
         embedding_size: D.
         num_classes: C over all ranks (>= world size).
         sample_rate: fraction of this rank's classes used per step, in (0, 1]. Below 1, every class in the
@@ -404,8 +515,11 @@ class PartialFC(nn.Module):
             index = None
             target = torch.where(in_shard, local, -1)  # (B_global,)
 
+        sparse = self.update == "sampled"
+        if self.sub_centers == 1 and getattr(self.margin_loss, "target_only_scale", lambda: None)() is not None:
+            return _MarginSoftmax.apply(embeddings, self.weight, index, target, self.margin_loss, tactic, sparse)
         cos, norms = _NormalizedLinear.apply(embeddings, self.weight, index, tactic,
-                                             self.update == "sampled")  # (B_global, C_s·K) fp32, (B_global,)
+                                             sparse)  # (B_global, C_s·K) fp32, (B_global,)
         if self.sub_centers > 1:
             # A class's cosine is its closest centre's; the gradient goes to that centre (split between exact ties).
             cos = cos.view(cos.shape[0], -1, self.sub_centers).amax(dim=2)  # (B_global, C_s)

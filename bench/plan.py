@@ -11,13 +11,15 @@ the rank with the largest shard (rank 0), with ``L = num_local``, ``C = sampled 
   ``exp_avg_sq (L, D)`` and ``step (L,)``). Nothing else is kept between steps.
 * sampling (``sample_rate < 1``, before the products): class ids, their hash keys and two temporaries of
   the hash ``(L,)`` int64, the top-k values and indices and the sorted index ``(C,)`` int64.
-* forward: the gathered rows ``(C, D)`` (at ``sample_rate = 1`` the weight itself), the cosines and the
-  margin's scaled logits ``(N, C)`` fp32. Under bf16 autocast the products add bf16 copies (rows
-  ``(C, D)``, embeddings, cosines ``(N, C)``).
-* backward: the cross-entropy writes its gradient over the logits; the margin's backward returns a fresh
-  ``(N, C)`` while its input gradient is alive, so three ``(N, C)`` fp32 tensors (cosines, logits, margin
-  gradient) coexist; the weight gradient is written over the gathered rows (sampled, fp32), or is a fresh
-  ``(L, D)`` (dense) or ``(C, D)`` (bf16) tensor that lives until the optimizer has used it.
+* forward: the gathered rows ``(C, D)`` (at ``sample_rate = 1`` the weight itself) and the cosines
+  ``(N, C)`` fp32; the margin (ArcFace, CosFace, ``CombinedMarginLoss`` without inter-class filtering) and
+  the cross-entropy are fused into them (``partial_fc._MarginSoftmax``), so the logits are never stored.
+  With the ``fixed_ops`` tactic (GPUs) one ``(N, C)`` work tensor holds a block's logits; with
+  ``row_blocks`` (CPUs) the blocks are cache-sized and not counted. Under bf16 autocast the products add
+  bf16 copies (rows ``(C, D)``, embeddings, the product ``(N, C)``).
+* backward: the same buffer and work tensor (the gradient ``G`` is written over the cosines; bf16 adds its
+  ``(N, C)`` copy for the products); the weight gradient is written over the gathered rows (sampled, fp32),
+  or is a fresh ``(L, D)`` (dense) or ``(C, D)`` (bf16) tensor that lives until the optimizer has used it.
 * optimizer: with the ``row_blocks`` tactic, chunks of ``ROW_CHUNK`` rows: SGD 3 ``(chunk, D)`` work
   buffers, AdamW 5 plus 2 temporaries; the gradient is alive.
 * communication: the gathered embeddings ``(N, D)`` and their normalised copy, the embedding gradient
@@ -61,10 +63,12 @@ class Plan:
 
 
 def predict(num_classes: int, world_size: int, sample_rate: float, embedding_size: int, batch_size: int,
-            optimizer: str = "sgd", dtype: str = "fp32") -> Plan:
-    """Predicted head memory of rank 0 (the largest shard); ``batch_size`` is per rank."""
-    if optimizer not in ("sgd", "adamw") or dtype not in ("fp32", "bf16"):
-        raise ValueError(f"bench/plan.py: optimizer={optimizer!r} dtype={dtype!r}; expected sgd|adamw and fp32|bf16")
+            optimizer: str = "sgd", dtype: str = "fp32", tactic: str = "fixed_ops") -> Plan:
+    """Predicted head memory of rank 0 (the largest shard); ``batch_size`` is per rank; ``tactic`` is the
+    head's (``fixed_ops`` on GPUs, ``row_blocks`` on CPUs)."""
+    if optimizer not in ("sgd", "adamw") or dtype not in ("fp32", "bf16") or tactic not in ("fixed_ops", "row_blocks"):
+        raise ValueError(f"bench/plan.py: optimizer={optimizer!r} dtype={dtype!r} tactic={tactic!r}; expected "
+                         f"sgd|adamw, fp32|bf16 and fixed_ops|row_blocks")
     if not 0.0 < sample_rate <= 1.0:
         raise ValueError(f"bench/plan.py: sample_rate={sample_rate} must be in (0, 1]")
     _, L = class_partition(num_classes, world_size, 0)
@@ -80,8 +84,9 @@ def predict(num_classes: int, world_size: int, sample_rate: float, embedding_siz
     grad = 0 if sampled and not bf16 else (L if not sampled else C) * D * FP32
     bf16_operands = (C * D + N * D) * BF16 if bf16 else 0
     logits_one = N * C * FP32
-    logits_fwd = 2 * logits_one + (N * C * BF16 if bf16 else 0)  # cosines + margin output (+ bf16 product)
-    logits_bwd = 3 * logits_one + (N * C * BF16 if bf16 else 0)  # + margin gradient (+ bf16 G)
+    work = logits_one if tactic == "fixed_ops" else 0  # the block's logits: all rows at once with fixed_ops
+    logits_fwd = logits_one + work + (N * C * BF16 if bf16 else 0)  # cosines + work (+ bf16 product)
+    logits_bwd = logits_one + work + (N * C * BF16 if bf16 else 0)  # G over the cosines + work (+ bf16 G)
     comm = 3 * N * D * FP32 + B * D * FP32
     sampling = (4 * L * INT64 + 3 * C * INT64) if sampled else 0
     chunk = min(ROW_CHUNK, C)
@@ -110,10 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=128, help="per rank")
     parser.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="autocast dtype of the products")
+    parser.add_argument("--tactic", choices=("fixed_ops", "row_blocks"), default="fixed_ops",
+                        help="the head's tactic: fixed_ops on GPUs (default), row_blocks on CPUs")
     parser.add_argument("--json", help="write the prediction here")
     args = parser.parse_args(argv)
     plan = predict(args.num_classes, args.gpus, args.sample_rate, args.embedding_size, args.batch_size,
-                   args.optimizer, args.dtype)
+                   args.optimizer, args.dtype, args.tactic)
     gib = float(1 << 30)
     rows = [[name, f"{value / gib:.3f}"] for name, value in plan.components.items()]
     rows += [[f"phase: {name}", f"{value / gib:.3f}"] for name, value in plan.phases.items()]

@@ -180,6 +180,21 @@ class CombinedMarginLoss(nn.Module):
         """
         return self.apply_margin(logits, check_labels(type(self).__name__, logits, labels))
 
+    def target_only_scale(self) -> float | None:
+        """``s`` when every non-target logit is ``s·cos`` (no inter-class filtering), so that a head may fuse
+        this margin into its cross-entropy through ``target_logits``; None otherwise."""
+        return self.s if self.interclass_filtering_threshold == 0 else None
+
+    def target_logits(self, cosines: Tensor) -> tuple[Tensor, Tensor]:
+        """``(logits, slopes)`` of target cosines ``cosines`` (any shape): ``s·(cos(m1·θ + m2) − m3)`` and the
+        derivative the backward uses, ``s`` (straight-through) or ``s·m1·sin(m1·θ + m2)/sin θ`` (exact), as
+        ``apply_margin`` computes them on the target columns."""
+        x = cosines.to(torch.promote_types(cosines.dtype, torch.float32))
+        logits = _target_margin(x, self.m1, self.m2, self.m3) * self.s
+        if self.gradient == "exact" and not (self.m1 == 1.0 and self.m2 == 0.0):
+            return logits, _exact_factor(x, self.m1, self.m2) * self.s
+        return logits, torch.full_like(logits, self.s)
+
     def apply_margin(self, logits: Tensor, labels: Tensor, norms: Tensor | None = None) -> Tensor:
         """``forward`` without the checks, for callers that built ``labels (B,) int64`` in range themselves.
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import partial_fc
-from losses import AdaFace, ArcFace, CosFace
+from losses import AdaFace, ArcFace, CombinedMarginLoss, CosFace
 from partial_fc import PartialFC, RowSparseAdamW, RowSparseSGD, build_head_optimizer, class_partition
 from utils.distributed import run_on_local_ranks
 from utils.distributed import sharded_cross_entropy
@@ -542,3 +542,64 @@ def test_update_all_and_sub_centers_arguments():
     for name in ("sgd", "adamw"):  # the optimizer state keeps one row per class
         state = build_head_optimizer(head, name, lr=LR).state[head.weight]
         assert {k: v.shape[0] for k, v in state.items()} == {k: NUM_CLASSES for k in state}
+
+
+FUSED_MARGINS = {
+    "arcface": lambda: ArcFace(s=16.0, margin=0.5),
+    "arcface_exact": lambda: ArcFace(s=16.0, margin=0.5, gradient="exact"),
+    "cosface": lambda: CosFace(s=16.0, m=0.35),
+    "combined_exact": lambda: CombinedMarginLoss(16.0, 1.2, 0.3, 0.1, gradient="exact"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FUSED_MARGINS))
+@pytest.mark.parametrize("tactic", ["row_blocks", "fixed_ops"])
+@pytest.mark.parametrize("rate,update", [(1.0, "sampled"), (0.3, "sampled"), (0.3, "all")])
+def test_fused_margin_softmax_equals_the_margin_then_cross_entropy(name, tactic, rate, update, monkeypatch):
+    """A margin that changes only the target columns is fused with the cross-entropy (_MarginSoftmax); the same
+    margin behind a plain callable takes the unfused chain (_NormalizedLinear, apply_margin, sharded
+    cross-entropy). Loss, embedding and weight gradients agree, with blocks of 3 rows for row_blocks."""
+    monkeypatch.setattr(partial_fc, "rows_per_block", lambda columns, rows, t: rows if t == "fixed_ops" else 3)
+    g = torch.Generator().manual_seed(7)
+    classes = 1000
+    emb = torch.randn(10, 32, generator=g)
+    labels = torch.randint(0, classes, (10,), generator=g)
+    results = []
+    for fused in (True, False):
+        margin = FUSED_MARGINS[name]()
+        head = PartialFC(margin if fused else (lambda cos, target: margin.apply_margin(cos, target)), 32, classes,
+                         rate, seed=3, tactic=tactic, update=update)
+        x = emb.clone().requires_grad_()
+        torch.manual_seed(11)  # the same sampled classes
+        loss = head(x, labels)
+        assert type(loss.grad_fn).__name__ == ("_MarginSoftmaxBackward" if fused else "_ShardedCrossEntropyBackward")
+        loss.backward()
+        grad = head.weight.grad
+        results.append((loss.detach(), x.grad, grad.to_dense() if grad.is_sparse else grad))
+    (loss_f, ge_f, gw_f), (loss_u, ge_u, gw_u) = results
+    torch.testing.assert_close(loss_f, loss_u, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(ge_f, ge_u, atol=1e-7, rtol=1e-5)
+    torch.testing.assert_close(gw_f, gw_u, atol=1e-7, rtol=1e-5)
+    assert gw_f.abs().sum() > 0 and ge_f.abs().sum() > 0
+
+
+def test_margins_that_change_other_columns_are_not_fused():
+    """Inter-class filtering, AdaFace and sub-centres change or select more than the target column: the head
+    keeps the unfused chain for them (their values are checked against references elsewhere)."""
+    emb, labels = torch.randn(6, 8), torch.randint(0, 20, (6,))
+    for head in (PartialFC(CombinedMarginLoss(16.0, 1.0, 0.5, 0.0, interclass_filtering_threshold=0.2), 8, 20),
+                 PartialFC(AdaFace(), 8, 20), PartialFC(ArcFace(), 8, 20, sub_centers=3)):
+        assert type(head(emb, labels).grad_fn).__name__ == "_ShardedCrossEntropyBackward", head
+    assert type(PartialFC(ArcFace(), 8, 20)(emb, labels).grad_fn).__name__ == "_MarginSoftmaxBackward"
+
+
+def test_target_logits_are_the_margin_s_target_column():
+    """target_logits gives the value apply_margin writes on the target column; target_only_scale is s, or
+    None with inter-class filtering."""
+    cos = torch.rand(5, 4) * 1.8 - 0.9
+    labels = torch.tensor([0, 3, 2, 1, 3])
+    for margin in (ArcFace(s=30.0), CosFace(s=30.0), CombinedMarginLoss(30.0, 1.3, 0.2, 0.05, gradient="exact")):
+        logits, slopes = margin.target_logits(cos.gather(1, labels[:, None]))
+        torch.testing.assert_close(logits, margin.apply_margin(cos, labels).gather(1, labels[:, None]))
+        assert margin.target_only_scale() == 30.0 and slopes.shape == logits.shape
+    assert CombinedMarginLoss(30.0, 1.0, 0.5, 0.0, interclass_filtering_threshold=0.3).target_only_scale() is None
