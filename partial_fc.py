@@ -136,13 +136,15 @@ def _sampling_keys(class_ids: Tensor, seed: Tensor) -> Tensor:
     return (hashed << 32) | class_ids
 
 
-def _cosine_products(emb: Tensor, weight: Tensor, index: Tensor | None) -> tuple[Tensor, Tensor, torch.dtype, tuple]:
+def _cosine_products(emb: Tensor, weight: Tensor, index: Tensor | None,
+                     out: Tensor | None = None) -> tuple[Tensor, Tensor, torch.dtype, tuple]:
     """The forward half both head functions share: ``(prod, e_norm, compute_dtype, saved)``.
 
     ``prod (B, C·K)`` fp32 is ``ê @ Wᵀ`` for the rows ``index`` of ``weight`` (all rows for ``None``), not yet
     divided by the centre norms (the caller scales it by ``saved``'s ``inv_w`` in place, so the normalised
     weight is never materialised); ``e_norm (B,)`` fp32. The product runs in the ambient autocast dtype
-    (bf16/fp16 operands, fp32 accumulation), everything else in fp32. ``saved`` is what
+    (bf16/fp16 operands, fp32 accumulation), everything else in fp32; into ``out`` (fp32, the product's
+    shape) when given. ``saved`` is what
     ``_cosine_products_backward`` needs: ``(e_hat, rows, index, inv_e, inv_w, e_ok, w_ok)``.
     """
     device_type = emb.device.type
@@ -157,9 +159,11 @@ def _cosine_products(emb: Tensor, weight: Tensor, index: Tensor | None) -> tuple
         inv_w = 1.0 / w_norm.clamp_min(_NORM_EPS)  # (C,)
         e_hat = emb * inv_e[:, None]  # (B, D)
         if compute_dtype == torch.float32:
-            prod = torch.mm(e_hat, rows.t())  # (B, C)
-        else:
+            prod = torch.mm(e_hat, rows.t(), out=out)  # (B, C)
+        elif out is None:
             prod = torch.mm(e_hat.to(compute_dtype), rows.to(compute_dtype).t()).float()  # (B, C)
+        else:
+            prod = out.copy_(torch.mm(e_hat.to(compute_dtype), rows.to(compute_dtype).t()))  # (B, C)
     return prod, e_norm, compute_dtype, (e_hat, rows, index, inv_e, inv_w, e_norm > _NORM_EPS, w_norm > _NORM_EPS)
 
 
@@ -273,8 +277,10 @@ class _MarginSoftmax(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, emb: Tensor, weight: Tensor, index: Tensor | None, target: Tensor, margin,
-                tactic: str, sparse: bool) -> Tensor:
-        cos, _, ctx.compute_dtype, saved = _cosine_products(emb, weight, index)  # cos: (B, C) still unscaled
+                tactic: str, sparse: bool, buffers: "_Buffer") -> Tensor:
+        classes = weight.shape[0] if index is None else index.shape[0]
+        out = buffers.take((emb.shape[0], classes), emb.device)
+        cos, _, ctx.compute_dtype, saved = _cosine_products(emb, weight, index, out)  # cos: (B, C) still unscaled
         inv_w = saved[4]
         batch, classes = cos.shape
         s = margin.target_only_scale()
@@ -293,7 +299,7 @@ class _MarginSoftmax(torch.autograd.Function):
         row_max, sum_exp, total_target = sharded_log_sum_exp(
             local_max, local_sum, torch.where(here, target_logit, 0.0)[:, 0])
         loss = (torch.log(sum_exp) + row_max - total_target).mean()
-        ctx.s, ctx.tactic, ctx.sparse, ctx.weight_shape = s, tactic, sparse, weight.shape
+        ctx.s, ctx.tactic, ctx.sparse, ctx.weight_shape, ctx.buffers = s, tactic, sparse, weight.shape, buffers
         ctx.save_for_backward(*saved, cos, row_max, sum_exp, target_logit, slope, here, col)
         return loss
 
@@ -323,7 +329,35 @@ class _MarginSoftmax(torch.autograd.Function):
             torch.sum(prod, dim=1, out=dot_e[start:end])
             torch.mul(g, inv_w, out=block)  # (step, C) G
         grad_emb, grad_weight = _cosine_products_backward(ctx, tuple(saved), cos, dot_w, dot_e)
-        return grad_emb, grad_weight, None, None, None, None, None
+        ctx.buffers.give(cos)  # no gradient refers to it: the next step may write its cosines there
+        return grad_emb, grad_weight, None, None, None, None, None, None
+
+
+class _Buffer:
+    """One spare fp32 tensor for the head's ``(B, C)`` cosines on a CPU, reused from step to step.
+
+    A fresh tensor of tens or hundreds of megabytes costs its page faults again every step on a CPU (glibc maps
+    every allocation over 32 MiB anew). On an accelerator the caching allocator already reuses memory, and a
+    tensor kept between steps would only stay out of the backbone's reach, so nothing is kept there. ``take`` hands out the spare (viewed to the shape) when it is large
+    enough and on the device, else a fresh tensor, and keeps nothing; ``give`` (at the end of the backward
+    that used it, when no gradient refers to it) makes a tensor the spare. A forward that never gets its
+    backward (no_grad, a dropped graph) never gives its tensor back, and two forwards before their backwards
+    get two tensors, so a tensor is never shared by two live steps.
+    """
+
+    def __init__(self) -> None:
+        self.spare: Tensor | None = None
+
+    def take(self, shape: tuple[int, int], device: torch.device) -> Tensor:
+        spare, self.spare = self.spare, None
+        numel = shape[0] * shape[1]
+        if spare is not None and spare.device == device and spare.numel() >= numel:
+            return spare.view(-1)[:numel].view(shape)
+        return torch.empty(shape, device=device)
+
+    def give(self, tensor: Tensor) -> None:
+        if tensor.device.type == "cpu" and (self.spare is None or self.spare.numel() < tensor.numel()):
+            self.spare = tensor
 
 
 def _block_logits(block: Tensor, s: float, target_logit: Tensor, here: Tensor, col: Tensor, start: int,
@@ -411,6 +445,7 @@ class PartialFC(nn.Module):
         rows = _init_rows(seed, self.class_start * sub_centers, self.num_local * sub_centers, embedding_size)
         self.weight = nn.Parameter(rows.view(self.num_local, sub_centers * embedding_size))  # (num_local, K·D)
         self._grad_rows = -1  # rows of the last step's sparse weight gradient
+        self._cosine_buffer = _Buffer()  # the fused head's (B, C) cosines, reused between steps
         self.weight.register_post_accumulate_grad_hook(self._keep_coalesced)
 
     def _keep_coalesced(self, weight: nn.Parameter) -> None:
@@ -517,7 +552,8 @@ class PartialFC(nn.Module):
 
         sparse = self.update == "sampled"
         if self.sub_centers == 1 and getattr(self.margin_loss, "target_only_scale", lambda: None)() is not None:
-            return _MarginSoftmax.apply(embeddings, self.weight, index, target, self.margin_loss, tactic, sparse)
+            return _MarginSoftmax.apply(embeddings, self.weight, index, target, self.margin_loss, tactic, sparse,
+                                        self._cosine_buffer)
         cos, norms = _NormalizedLinear.apply(embeddings, self.weight, index, tactic,
                                              sparse)  # (B_global, C_s·K) fp32, (B_global,)
         if self.sub_centers > 1:

@@ -8,7 +8,9 @@ the rank with the largest shard (rank 0), with ``L = num_local``, ``C = sampled 
 ``sample_rate = 1``), ``N = batch_size · gpus`` (the gathered batch) and fp32 weights:
 
 * persistent: ``weight (L, D)``; optimizer state (SGD ``momentum_buffer (L, D)``; AdamW ``exp_avg``,
-  ``exp_avg_sq (L, D)`` and ``step (L,)``). Nothing else is kept between steps.
+  ``exp_avg_sq (L, D)`` and ``step (L,)``); on CPU ranks (``row_blocks``) the fused head's cosine buffer
+  ``(N, C)`` fp32, which the next step reuses (``partial_fc._Buffer``; GPUs' caching allocator does that
+  already). Nothing else is kept between steps.
 * sampling (``sample_rate < 1``, before the products): class ids, their hash keys and two temporaries of
   the hash ``(L,)`` int64, the top-k values and indices and the sorted index ``(C,)`` int64.
 * forward: the gathered rows ``(C, D)`` (at ``sample_rate = 1`` the weight itself) and the cosines
@@ -85,13 +87,15 @@ def predict(num_classes: int, world_size: int, sample_rate: float, embedding_siz
     bf16_operands = (C * D + N * D) * BF16 if bf16 else 0
     logits_one = N * C * FP32
     work = logits_one if tactic == "fixed_ops" else 0  # the block's logits: all rows at once with fixed_ops
-    logits_fwd = logits_one + work + (N * C * BF16 if bf16 else 0)  # cosines + work (+ bf16 product)
-    logits_bwd = logits_one + work + (N * C * BF16 if bf16 else 0)  # G over the cosines + work (+ bf16 G)
+    kept = logits_one if tactic == "row_blocks" else 0  # CPU ranks keep the cosine buffer for the next step
+    # The cosines (later G; on CPU ranks kept between steps) and the work tensor (+ bf16 product or G).
+    logits_fwd = logits_one - kept + work + (N * C * BF16 if bf16 else 0)
+    logits_bwd = logits_fwd
     comm = 3 * N * D * FP32 + B * D * FP32
     sampling = (4 * L * INT64 + 3 * C * INT64) if sampled else 0
     chunk = min(ROW_CHUNK, C)
     opt_work = chunk * D * FP32 * (3 if optimizer == "sgd" else 7)
-    persistent = weights + state
+    persistent = weights + state + kept
     phases = {
         "sampling": persistent + sampling,
         "forward": persistent + rows + bf16_operands + logits_fwd + comm,
@@ -100,7 +104,8 @@ def predict(num_classes: int, world_size: int, sample_rate: float, embedding_siz
     }
     components = {
         "weights": weights, "optimizer_state": state, "sampled_rows_and_grad": rows + grad + bf16_operands,
-        "logits_and_grad": logits_bwd, "communication": comm, "sampling_index": sampling, "optimizer_work": opt_work,
+        "logits_and_grad": logits_one + work + (N * C * BF16 if bf16 else 0), "communication": comm, "sampling_index": sampling,
+        "optimizer_work": opt_work,
     }
     peak = max(phases.values())
     return Plan(components, phases, peak, L * D * FP32, L, C)

@@ -603,3 +603,42 @@ def test_target_logits_are_the_margin_s_target_column():
         torch.testing.assert_close(logits, margin.apply_margin(cos, labels).gather(1, labels[:, None]))
         assert margin.target_only_scale() == 30.0 and slopes.shape == logits.shape
     assert CombinedMarginLoss(30.0, 1.0, 0.5, 0.0, interclass_filtering_threshold=0.3).target_only_scale() is None
+
+
+def test_fused_head_reuses_its_cosine_buffer_only_between_finished_steps():
+    """The (B, C) cosines of a step go back to the head at the end of its backward and the next forward writes
+    there; two forwards alive at once (one loss over two calls) get two tensors, and the gradients equal those
+    of two separate heads. A forward without backward (no_grad) keeps nothing."""
+    torch.manual_seed(0)
+    emb, labels = torch.randn(6, 8), torch.randint(0, 50, (6,))
+    head = PartialFC(ArcFace(s=16.0), 8, 50, 0.5, seed=1)
+    head(emb, labels).backward()
+    spare = head._cosine_buffer.spare
+    assert spare is not None
+    with torch.no_grad():
+        head(emb, labels)  # takes the spare and never gives it back
+    assert head._cosine_buffer.spare is None
+    head(emb, labels).backward()
+    first = head._cosine_buffer.spare.data_ptr()
+    loss = head(emb, labels)
+    assert head._cosine_buffer.spare is None  # taken by the live step
+    loss.backward()
+    assert head._cosine_buffer.spare.data_ptr() == first  # the same memory, step after step
+
+    # Two live steps: each has its own tensor, so the summed loss has the sum of the separate gradients.
+    x1, x2 = torch.randn(6, 8), torch.randn(5, 8)
+    l1, l2 = torch.randint(0, 50, (6,)), torch.randint(0, 50, (5,))
+    both = PartialFC(ArcFace(s=16.0), 8, 50, seed=1)
+    both(x1, l1).backward()  # leaves a spare tensor, which only one of the two live steps may get
+    both.weight.grad = None
+    a, b = x1.clone().requires_grad_(), x2.clone().requires_grad_()
+    (both(a, l1) + both(b, l2)).backward()
+    ref_grads = []
+    for x, lab in ((x1, l1), (x2, l2)):
+        one = PartialFC(ArcFace(s=16.0), 8, 50, seed=1)
+        xx = x.clone().requires_grad_()
+        one(xx, lab).backward()
+        ref_grads.append((xx.grad, one.weight.grad))
+    torch.testing.assert_close(a.grad, ref_grads[0][0])
+    torch.testing.assert_close(b.grad, ref_grads[1][0])
+    torch.testing.assert_close(both.weight.grad, ref_grads[0][1] + ref_grads[1][1])
