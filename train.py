@@ -142,14 +142,15 @@ def build(cfg: Config, rank: int, world_size: int, device: torch.device, logger:
         from torch.utils.tensorboard import SummaryWriter
 
         writer = SummaryWriter(log_dir=str(output / "tensorboard"))
+    autocast_dtype = torch.float16 if cfg.fp16 else torch.bfloat16 if cfg.bf16 else None
     callback = None
     if cfg.val_targets and cfg.rec != "synthetic":
+        # Verification runs in the training precision, as the forward it checks.
         callback = CallbackVerification(list(cfg.val_targets), rec_prefix=cfg.rec, summary_writer=writer,
-                                        device=device)
+                                        device=device, autocast_dtype=autocast_dtype)
     return Job(cfg=cfg, derived=derive(cfg, world_size), rank=rank, world_size=world_size, device=device,
                backbone=backbone, wrapped_backbone=wrapped, head=head, opt_backbone=opt_backbone, opt_head=opt_head,
-               scaler=LossScaler(enabled=cfg.fp16),
-               autocast_dtype=torch.float16 if cfg.fp16 else torch.bfloat16 if cfg.bf16 else None,
+               scaler=LossScaler(enabled=cfg.fp16), autocast_dtype=autocast_dtype,
                loader=loader, logger=logger, writer=writer, callback=callback, output=output,
                fingerprint=fingerprint(cfg, data), data_identity=data)
 

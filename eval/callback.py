@@ -18,6 +18,7 @@ from torch import nn
 from dataset.verification_set import BinData, load_bin
 from eval.verification import format_table, test
 from utils.distributed import barrier, broadcast_ints, get_rank
+from utils.precision import AutocastModule
 
 logger = logging.getLogger(__name__)
 
@@ -40,13 +41,17 @@ class CallbackVerification:
     skipped with one warning; an unreadable one raises ``ValueError`` on every rank. ``device``: where the
     decision travels (the training device: NCCL needs a CUDA tensor).
     ``best[target]`` is the highest flip accuracy seen so far; ``nfolds`` is the number of
-    cross-validation folds (10 in the published protocol).
+    cross-validation folds (10 in the published protocol). ``autocast_dtype``: the backbone's body runs
+    under that autocast (the trainer passes its bf16/fp16, so a mixed-precision run is verified as it
+    computes); None: fp32.
     """
 
     def __init__(self, val_targets: Sequence[str], rec_prefix: str | os.PathLike,
                  summary_writer: ScalarWriter | None = None, image_size: tuple[int, int] = (112, 112),
-                 batch_size: int = 64, nfolds: int = 10, device: torch.device | str = "cpu") -> None:
+                 batch_size: int = 64, nfolds: int = 10, device: torch.device | str = "cpu",
+                 autocast_dtype: torch.dtype | None = None) -> None:
         self.rank = get_rank()
+        self.autocast_dtype = autocast_dtype
         self.summary_writer = summary_writer
         self.batch_size = batch_size
         self.nfolds = nfolds
@@ -85,7 +90,8 @@ class CallbackVerification:
         if not self.targets:  # the same on every rank: nothing to evaluate, nobody waits
             return None
         if self.rank == 0:
-            results = self._evaluate(global_step, getattr(backbone, "module", backbone))
+            results = self._evaluate(global_step, AutocastModule(getattr(backbone, "module", backbone),
+                                                                 self.autocast_dtype))
         barrier()
         return results
 

@@ -25,7 +25,7 @@ from eval.plots import write_roc_curves
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m eval.ijb", description=__doc__.split("\n\n")[0])
-    add_model_options(p)
+    add_model_options(p, precision=True)
     p.add_argument("--data-dir", type=Path, required=True, help="IJB folder with loose_crop/ and meta/")
     p.add_argument("--target", default="IJBC", help="IJBB or IJBC (prefix of the meta files)")
     p.add_argument("--batch-size", type=int, default=128)

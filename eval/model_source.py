@@ -10,6 +10,7 @@ take the same options (``add_model_options``), each tool the sources it can run:
     --network-kwargs JSON   extra keyword arguments of ``backbones.get_model``, e.g. '{"widths": [8, 16, 16, 32]}'
     --embedding-size N      embedding size (default 512)
     --device cpu|cuda       where the model runs
+    --precision fp32|bf16|fp16  autocast of the backbone's body (eval.verify, eval.ijb; torch models only)
 
 Without ``--network``, the architecture comes from ``model.json`` beside ``--weights``, which the trainer
 writes beside ``model.pt`` (network, network_kwargs, embedding_size, input size, normalisation); the
@@ -33,6 +34,7 @@ from backbones import get_model
 from dataset.images import NORMALISATION
 from utils.checkpoint import MODEL_CARD
 from utils.files import load_state_dict, load_weights
+from utils.precision import AUTOCAST_DTYPES, AutocastModule
 
 DEFAULT_EMBEDDING_SIZE = 512
 INPUT_SIZE = (112, 112)  # (H, W) the tools feed: aligned faces, as every backbone here expects
@@ -117,10 +119,11 @@ def json_object(text: str) -> dict[str, Any]:
 
 
 def add_model_options(parser: argparse.ArgumentParser, *, onnx: bool = True, random_init: bool = True,
-                      device: bool = True) -> None:
+                      device: bool = True, precision: bool = False) -> None:
     """Add the model options to ``parser``; ``onnx``/``random_init``: whether the tool accepts those
-    sources besides ``--weights``; ``device``: whether it takes ``--device``. Check them with
-    ``check_model_options`` after parsing."""
+    sources besides ``--weights``; ``device``: whether it takes ``--device``; ``precision``: whether it takes
+    ``--precision`` (the autocast dtype of a torch model's forward). Check them with ``check_model_options``
+    after parsing."""
     g = parser.add_argument_group("model", "the backbone to run (without --network: read from model.json beside "
                                            "--weights, which the trainer writes)")
     if onnx or random_init:
@@ -140,6 +143,10 @@ def add_model_options(parser: argparse.ArgumentParser, *, onnx: bool = True, ran
                    help=f"embedding size (default {DEFAULT_EMBEDDING_SIZE} with --network; model.json's without)")
     if device:
         g.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    if precision:
+        g.add_argument("--precision", choices=tuple(AUTOCAST_DTYPES), default="fp32",
+                       help="run the backbone's body under bf16/fp16 autocast, as a config with bf16/fp16 = True "
+                            "trains it (the embedding layers stay fp32); default fp32")
 
 
 def check_model_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -147,6 +154,8 @@ def check_model_options(parser: argparse.ArgumentParser, args: argparse.Namespac
     describes = args.network_kwargs is not None or args.embedding_size is not None
     if getattr(args, "onnx", None) is not None and (args.network or describes):
         parser.error(f"--onnx runs the exported model as it is; {ARCHITECTURE_FLAGS} do not apply")
+    if getattr(args, "onnx", None) is not None and getattr(args, "precision", "fp32") != "fp32":
+        parser.error(f"--onnx runs the exported model as it is; --precision {args.precision} applies to torch models")
     if getattr(args, "random_init", None) is not None and not args.network:
         parser.error("--random-init needs --network (there are no weights, so no model.json beside them)")
     if describes and not args.network:
@@ -239,7 +248,8 @@ class OnnxBackbone(nn.Module):
 
 def build_backbone(args: argparse.Namespace) -> nn.Module:
     """The model the options name, on ``--device``: an ONNX model, trained weights, or a seeded untrained
-    network. ``FileNotFoundError``/``ValueError`` (one line) when it cannot be built."""
+    network, run under ``--precision``'s autocast when that is not fp32. ``FileNotFoundError``/``ValueError``
+    (one line) when it cannot be built."""
     device = getattr(args, "device", "cpu")
     onnx = getattr(args, "onnx", None)
     if onnx is not None:
@@ -253,7 +263,9 @@ def build_backbone(args: argparse.Namespace) -> nn.Module:
         model = arch.build()
     else:
         model = load_backbone(arch, args.weights)
-    return model.to(device)
+    dtype = AUTOCAST_DTYPES[getattr(args, "precision", "fp32")]
+    model = model.to(device)
+    return model if dtype is None else AutocastModule(model, dtype)
 
 
 def device_of(module: nn.Module) -> torch.device:

@@ -39,7 +39,7 @@ JSON_KEYS = ("pairs", "acc", "acc_std", "acc_noflip", "val", "val_std", "far", "
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m eval.verify", description=__doc__.split("\n\n")[0])
-    add_model_options(p)
+    add_model_options(p, precision=True)
     p.add_argument("--data-dir", type=Path, required=True, help="folder holding <target>.bin")
     p.add_argument("--targets", default="lfw,cfp_fp,agedb_30",
                    help="comma-separated names of DIR/<name>.bin, with or without .bin")

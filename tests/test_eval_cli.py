@@ -99,6 +99,24 @@ def test_trained_network_beats_untrained_baseline(trained, capsys):
     assert via_onnx["acc"] == ours["acc"] and via_onnx["xnorm"] == pytest.approx(ours["xnorm"], rel=1e-4)
 
 
+@pytest.mark.timeout(120)
+def test_precision_bf16_runs_the_body_under_autocast(trained, capsys):
+    rows = {}
+    for precision in ("fp32", "bf16"):
+        rc, _, _ = _run(capsys, *MODEL_ARGS, "--weights", trained / "model.pt", "--data-dir", trained,
+                        "--targets", "synth", "--precision", precision, "--json", trained / f"{precision}.json")
+        assert rc == 0
+        rows[precision] = json.loads((trained / f"{precision}.json").read_text())["synth"]
+    # bf16 rounds the body's activations (~3 significant digits): the embeddings move a little, not the verdict.
+    assert rows["bf16"]["xnorm"] != rows["fp32"]["xnorm"]
+    assert rows["bf16"]["xnorm"] == pytest.approx(rows["fp32"]["xnorm"], rel=0.05)
+    assert rows["bf16"]["acc"] >= 0.8
+    # An exported model runs as it was exported: --precision is refused with --onnx, at parse time.
+    with pytest.raises(SystemExit) as exc:
+        verify.parse_args(["--onnx", str(trained / "model.onnx"), "--data-dir", str(trained), "--precision", "bf16"])
+    assert exc.value.code == 2 and "--precision bf16 applies to torch models" in capsys.readouterr().err
+
+
 @pytest.mark.timeout(60)
 def test_mismatched_weights_exit_with_one_line(trained):
     # A real process: the exit status and the whole of stderr are what a user sees.

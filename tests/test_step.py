@@ -144,6 +144,43 @@ def test_loss_scaler_backs_off_grows_and_round_trips_with_gradscaler():
     assert disabled.scale_loss(loss) is loss and float(ours.scale_loss(loss)) == 1024.0
 
 
+@pytest.mark.parametrize("capabilities, expected", [
+    ({"avx512_bf16": True, "amx_bf16": False}, True),
+    ({"avx512_bf16": False, "amx_bf16": True}, True),
+    ({"bf16": True}, True),  # Arm
+    ({"avx512_bf16": False, "avx2": True, "avx512_f": True}, False),  # AVX-512 without BF16: emulated
+    ({}, False),
+])
+def test_cpu_computes_bf16_reads_torch_s_capabilities(monkeypatch, capabilities, expected):
+    from utils import precision
+
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: capabilities, raising=False)
+    assert precision.cpu_computes_bf16() is expected
+
+
+def test_cpu_computes_bf16_reads_cpuinfo_where_torch_cannot_say(monkeypatch, tmp_path):
+    from utils import precision
+
+    monkeypatch.delattr(torch.cpu, "get_capabilities", raising=False)  # torch < 2.10
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 avx512_vnni\n")
+    assert precision.cpu_computes_bf16(info) is True
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_vnni\n")
+    assert precision.cpu_computes_bf16(info) is False
+    assert precision.cpu_computes_bf16(tmp_path / "missing") is False
+
+
+def test_autocast_module_runs_its_module_under_the_dtype_and_shares_its_parameters():
+    from utils.precision import AutocastModule
+
+    inner = nn.Linear(4, 3)
+    x = torch.randn(2, 4)
+    assert AutocastModule(inner, torch.bfloat16)(x).dtype == torch.bfloat16
+    assert AutocastModule(inner, None)(x).dtype == torch.float32
+    wrapped = AutocastModule(inner, torch.bfloat16).eval()
+    assert not inner.training and list(wrapped.parameters()) == list(inner.parameters())
+
+
 def test_embedding_reaches_the_head_in_fp32_and_bf16_loss_is_close_to_fp32():
     """The precision policy end to end on the CPU: under bf16 autocast the head receives fp32 embeddings,
     its products run in bf16 (fp32 accumulation) and the loss and gradients stay within 2e-2 of fp32."""

@@ -252,10 +252,13 @@ class _Recorder(nn.Module):
         super().__init__()
         self.proj = nn.Linear(3 * 4 * 4, 5)
         self.inputs: list[tuple[torch.dtype, float, float, int, bool]] = []
+        self.output_dtypes: list[torch.dtype] = []  # bfloat16 under bf16 autocast (a Linear's output)
 
     def forward(self, x):
         self.inputs.append((x.dtype, float(x.min()), float(x.max()), x.shape[0], torch.is_grad_enabled()))
-        return self.proj(nn.functional.adaptive_avg_pool2d(x, 4).flatten(1))
+        out = self.proj(nn.functional.adaptive_avg_pool2d(x, 4).flatten(1))
+        self.output_dtypes.append(out.dtype)
+        return out
 
 
 @pytest.mark.parametrize("training", [True, False])
@@ -363,6 +366,21 @@ def test_callback_single_process_logs_and_tracks_best(caplog):
         partial = CallbackVerification(["tiny", "lfw"], TINY_BIN.parent)
     assert partial.targets == ["tiny"]
     assert f"verification target lfw: {TINY_BIN.parent / 'lfw.bin'} does not exist; skipped" in caplog.text
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
+def test_callback_verifies_in_the_training_precision(dtype):
+    # The trainer passes its autocast dtype (bf16 = True here): the backbone's forward runs under it, and the
+    # embeddings still reach the protocol as float64.
+    pytest.importorskip("utils.distributed")
+    from eval.callback import CallbackVerification
+
+    callback = CallbackVerification(["tiny"], TINY_BIN.parent, batch_size=8, nfolds=2, autocast_dtype=dtype)
+    net = _Recorder()
+    results = callback(1, _Wrapper(net))
+    assert results["tiny"]["pairs"] == 8 and isinstance(results["tiny"]["acc"], float)
+    assert set(net.output_dtypes) == {dtype or torch.float32}
+    assert net.training  # the wrapper passes train()/eval() through; test() restored the mode
 
 
 def test_callback_other_ranks_load_nothing_and_wait_at_the_barrier(monkeypatch):

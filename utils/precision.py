@@ -16,7 +16,9 @@ both optimizers and every rank and reports it to ``update``; the scale rule is G
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,7 +27,11 @@ from torch import Tensor
 
 from utils.distributed import all_reduce, to_host
 
-__all__ = ["LossScaler", "NonFiniteLossError", "autocast", "configure_tf32", "nonfinite_parts"]
+__all__ = ["AUTOCAST_DTYPES", "AutocastModule", "LossScaler", "NonFiniteLossError", "autocast", "configure_tf32",
+           "cpu_computes_bf16", "nonfinite_parts"]
+
+# The precisions the evaluation tools accept (``--precision``) and the autocast dtype of each (None: fp32).
+AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
@@ -33,6 +39,42 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.Abst
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=dtype)
+
+
+class AutocastModule(torch.nn.Module):
+    """``module`` whose forward runs under ``autocast(its device, dtype)``: a backbone evaluated in the precision
+    it was trained in (the evaluation tools' ``--precision``, the trainer's verification during a bf16/fp16
+    run). The backbones keep their embedding layers in fp32 either way (``backbones.precision``)."""
+
+    def __init__(self, module: torch.nn.Module, dtype: torch.dtype | None) -> None:
+        super().__init__()
+        self.module = module
+        self.dtype = dtype
+
+    def forward(self, x: Tensor) -> Tensor:
+        with autocast(x.device, self.dtype):
+            return self.module(x)
+
+
+# CPU features that compute bfloat16 in hardware: x86 AVX512-BF16 and AMX-BF16, Arm BF16 (NEON and SVE).
+_BF16_FEATURES = ("avx512_bf16", "amx_bf16", "bf16", "sve_bf16")
+
+
+def cpu_computes_bf16(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> bool:
+    """Whether this CPU computes bfloat16 in hardware, so that bf16 autocast makes a CPU run faster (on other
+    CPUs oneDNN emulates bf16 or falls back to slow kernels: fp32 is the better choice there).
+
+    Reads ``torch.cpu.get_capabilities()`` where torch has it, else the flags of ``cpuinfo`` (Linux); False
+    when neither says."""
+    capabilities = getattr(torch.cpu, "get_capabilities", None)
+    if capabilities is not None:
+        found = capabilities()
+        return any(bool(found.get(feature, False)) for feature in _BF16_FEATURES)
+    try:
+        words = set(Path(cpuinfo).read_text().split())
+    except OSError:
+        return False
+    return any(feature in words for feature in _BF16_FEATURES)
 
 
 def configure_tf32(device: torch.device, enabled: bool) -> None:
