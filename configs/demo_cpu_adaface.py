@@ -1,7 +1,7 @@
 """The demo with the AdaFace margin: `python scripts/demo.py --config configs/demo_cpu_adaface.py`.
 
 Everything as configs/demo_cpu.py (tiny backbone, the same synthetic identities and verification pairs,
-2 CPU ranks, Partial FC sampling half the class centres, AdamW, 700 steps) except the margin: AdaFace with
+2 CPU ranks, Partial FC sampling half the class centres, AdamW, 700 steps in bf16) except the margin: AdaFace with
 m = 0.2, the demo's CosFace margin (at average image quality, q = 0, AdaFace's target logit is exactly
 CosFace's s * (cos(theta) - m); sharper images get more, blurrier ones less), the paper's h and t_alpha (the
 defaults of configs/base.py) and its exact gradient.
@@ -10,8 +10,7 @@ from easydict import EasyDict as edict
 
 config = edict()
 config.network = "tiny"
-config.network_kwargs = {"widths": (8, 16, 32, 64)}
-config.embedding_size = 128
+config.network_kwargs = {"widths": (4, 16, 64, 128)}
 config.margin = "adaface"
 config.adaface_m = 0.2
 config.margin_gradient = "exact"
@@ -20,6 +19,7 @@ config.sample_rate = 0.5
 config.optimizer = "adamw"
 config.lr = 0.002
 config.weight_decay = 0.1
+config.bf16 = True
 config.batch_size = 32
 config.rec = "data/demo_synthetic"
 config.num_classes = 500
@@ -27,7 +27,6 @@ config.num_image = 8000
 config.num_epoch = 1
 config.max_steps = 700
 config.val_targets = ["syn_easy", "syn_hard"]
-config.verbose = 400
 config.num_workers = 1
 config.device = "cpu"
 config.output = "work_dirs/demo_adaface"

@@ -2,10 +2,13 @@
 
 1. generates synthetic identities in the real formats (train.rec/idx/property and verification .bin files
    from identities disjoint from training; cached in the config's `rec` folder),
-2. trains `configs/demo_cpu.py` with `torchrun --nproc_per_node=2` (gloo; Partial FC with sampling; the
-   trainer verifies periodically),
+2. trains `configs/demo_cpu.py` with `torchrun --nproc_per_node=2` (gloo; Partial FC with sampling),
 3. runs the offline verification CLI on the trained model and on the same network untrained, prints both
    per target and writes `<output>/results.json`: {"<target>": {"acc": float, "acc_untrained": float}}.
+
+Precision: a config with ``bf16 = True`` (the demo's) trains and verifies in bf16 where the CPU computes
+bf16 in hardware (AVX512-BF16, AMX, Arm BF16); on other CPUs the demo says so and runs fp32 instead
+(``--set bf16=false``), which is faster there.
 
     python scripts/demo.py [--config configs/demo_cpu.py] [--nproc 2] [--pairs 1200]
 """
@@ -60,10 +63,11 @@ def run_side_by_side(steps: list[tuple[list[str], str]]) -> None:
         _stop_if_failed(what, proc.returncode)
 
 
-def verify_command(cfg, targets: list[str], model: list[str], json_path: Path, roc: Path | None) -> list[str]:
+def verify_command(cfg, targets: list[str], model: list[str], precision: str, json_path: Path,
+                   roc: Path | None) -> list[str]:
     """``python -m eval.verify`` on the config's verification sets with the model options ``model``."""
     cmd = [sys.executable, "-m", "eval.verify", *model, "--data-dir", str(cfg.rec), "--targets", ",".join(targets),
-           "--device", "cpu", "--json", str(json_path)]
+           "--device", "cpu", "--precision", precision, "--json", str(json_path)]
     return cmd + (["--roc", str(roc)] if roc is not None else [])
 
 
@@ -79,6 +83,16 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = load_config(args.config)
     data, output = Path(cfg.rec), Path(cfg.output)
+    train_overrides, precision = [], "fp32"
+    if cfg.bf16:
+        from utils.precision import cpu_computes_bf16
+
+        if cpu_computes_bf16():
+            precision = "bf16"
+        else:
+            train_overrides = ["--set", "bf16=false"]
+            print("demo: this CPU does not compute bfloat16 in hardware (no AVX512-BF16, AMX or Arm BF16); training "
+                  "and verifying in fp32, which is faster here", flush=True)
     targets = list(cfg.val_targets)
     start = time.perf_counter()
 
@@ -87,16 +101,16 @@ def main(argv: list[str] | None = None) -> int:
          "--seed", str(cfg.seed), "--preview", str(data / "preview.png")],
         "1/3 synthetic identities (cached)")
     run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
-         "train.py", args.config], f"2/3 training on {args.nproc} CPU ranks")
+         "train.py", args.config, *train_overrides], f"2/3 training on {args.nproc} CPU ranks ({precision})")
     trained_json, untrained_json, roc = output / "verify_trained.json", output / "verify_untrained.json", output / "roc.png"
     # The trainer seeds torch with cfg.seed before building the backbone: the same network, untrained.
     untrained_model = ["--network", cfg.network, "--network-kwargs", json.dumps(dict(cfg.network_kwargs)),
                        "--embedding-size", str(cfg.embedding_size), "--random-init", str(cfg.seed)]
     # The trained network is read from the model.json the trainer wrote beside model.pt.
     run_side_by_side([
-        (verify_command(cfg, targets, ["--weights", str(output / "model.pt")], trained_json, roc),
-         "3/3 verification of the trained backbone"),
-        (verify_command(cfg, targets, untrained_model, untrained_json, None),
+        (verify_command(cfg, targets, ["--weights", str(output / "model.pt")], precision, trained_json, roc),
+         f"3/3 verification of the trained backbone ({precision})"),
+        (verify_command(cfg, targets, untrained_model, precision, untrained_json, None),
          "    verification of the same backbone untrained (baseline), side by side"),
     ])
 

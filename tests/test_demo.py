@@ -43,6 +43,11 @@ def test_short_demo_beats_the_untrained_baseline(tmp_path):
     assert list((output / "tensorboard").glob("events.out.tfevents.*"))
     assert (tmp_path / "data" / "preview.png").is_file()
     assert "verification at step 40" in (output / "training.log").read_text()
+    # bf16 (the demo's config) where this CPU computes it, fp32 elsewhere; training and verification alike.
+    from utils.precision import cpu_computes_bf16
+
+    precision = "bf16" if cpu_computes_bf16() else "fp32"
+    assert f"training on 2 CPU ranks ({precision})" in proc.stdout and f"--precision {precision}" in proc.stdout
 
 
 def test_side_by_side_steps_print_in_order_and_stop_on_a_failure(capsys, monkeypatch):
@@ -61,3 +66,37 @@ def test_side_by_side_steps_print_in_order_and_stop_on_a_failure(capsys, monkeyp
     assert exc.value.code == 7
     captured = capsys.readouterr()
     assert "broken" in captured.out and "demo: bad step failed with exit code 7" in captured.err
+
+
+@pytest.mark.parametrize("hardware_bf16", [True, False])
+def test_demo_trains_and_verifies_bf16_only_where_the_cpu_computes_it(tmp_path, monkeypatch, capsys, hardware_bf16):
+    # The demo's config asks for bf16; on a CPU that emulates it the demo says so and runs fp32 throughout.
+    from scripts import demo
+    import utils.precision
+
+    monkeypatch.setattr(utils.precision, "cpu_computes_bf16", lambda: hardware_bf16)
+    config = tmp_path / "demo_small.py"
+    output = tmp_path / "out"
+    config.write_text((ROOT / "configs" / "demo_cpu.py").read_text()
+                      + SMALL.format(rec=str(tmp_path / "data"), output=str(output)))
+    commands = []
+    monkeypatch.setattr(demo, "run", lambda cmd, what: commands.append(cmd))
+
+    def verified(steps):
+        for cmd, _ in steps:
+            commands.append(cmd)
+            row = {"pairs": 300, "acc": 0.9, "val": 0.5}
+            path = cmd[cmd.index("--json") + 1]
+            (tmp_path / "out").mkdir(exist_ok=True)
+            with open(path, "w") as f:
+                json.dump({"syn_easy": row, "syn_hard": row}, f)
+
+    monkeypatch.setattr(demo, "run_side_by_side", verified)
+    assert demo.main(["--config", str(config)]) == 0
+    train_cmd = next(c for c in commands if "train.py" in c)
+    verify_cmds = [c for c in commands if "eval.verify" in c]
+    precision = "bf16" if hardware_bf16 else "fp32"
+    assert len(verify_cmds) == 2 and all(c[c.index("--precision") + 1] == precision for c in verify_cmds)
+    assert ("--set" in train_cmd and train_cmd[train_cmd.index("--set") + 1] == "bf16=false") is not hardware_bf16
+    said = "does not compute bfloat16 in hardware" in capsys.readouterr().out
+    assert said is not hardware_bf16
