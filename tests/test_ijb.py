@@ -143,11 +143,18 @@ def test_bad_protocol_files_are_named(mini_ijb, tmp_path):
         ijb_protocol.read_meta(tmp_path, "IJBC")
 
 
-def test_cli_on_mini_ijb(mini_ijb, tmp_path, capsys):
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_cli_on_mini_ijb(mini_ijb, tmp_path, capsys, monkeypatch, precision):
     pytest.importorskip("backbones")
+    evaluated = []  # the backbone the protocol ran: under bf16 autocast with --precision bf16
+    protocol = ijb.evaluate_ijb
+    monkeypatch.setattr(ijb, "evaluate_ijb", lambda data, target, backbone, *rest: (
+        evaluated.append(backbone), protocol(data, target, backbone, *rest))[1])
     rc = ijb.main(["--network", "tiny", "--embedding-size", "8", "--network-kwargs", '{"widths": [4, 4, 8, 8]}',
                    "--random-init", "0", "--data-dir", str(mini_ijb), "--target", "IJBC", "--num-workers", "0",
-                   "--batch-size", "6", "--json", str(tmp_path / "ijb.json"), "--roc", str(tmp_path / "roc.png")])
+                   "--batch-size", "6", "--json", str(tmp_path / "ijb.json"), "--roc", str(tmp_path / "roc.png"),
+                   "--precision", precision])
+    assert getattr(evaluated[0], "dtype", None) == {"fp32": None, "bf16": torch.bfloat16}[precision]
     out = capsys.readouterr().out.splitlines()
     assert rc == 0 and "FAR=1e-06" in out[0] and out[1].startswith("IJBC")
     summary = json.loads((tmp_path / "ijb.json").read_text())["IJBC"]
