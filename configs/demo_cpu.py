@@ -2,8 +2,8 @@
 
 Data: 500 generated identities x 16 images in the insightface RecordIO layout, plus syn_easy / syn_hard
 verification pairs of 1,200 pairs each from identities not in training (scripts/make_synthetic.py writes
-them into `rec`). The tiny IResNet with few channels at full resolution and more in the small stages (what a
-CPU step costs is mostly the 112x112 stage), a 512-d embedding, CosFace margin, AdamW, Partial FC sampling
+them into `rec`). The tiny IResNet with 2 channels at full resolution and more in the small stages (what a
+CPU step costs is mostly the 112x112 stage), a 256-d embedding, CosFace margin, AdamW, Partial FC sampling
 half the class centres per step, 700 steps in bf16 (scripts/demo.py switches to fp32 on a CPU without
 hardware bf16). No verification during training (base's verbose = 2000 is past the last step):
 scripts/demo.py verifies the final model offline, beside the untrained one.
@@ -12,7 +12,8 @@ from easydict import EasyDict as edict
 
 config = edict()
 config.network = "tiny"
-config.network_kwargs = {"widths": (4, 16, 64, 128)}
+config.network_kwargs = {"widths": (2, 16, 64, 128)}
+config.embedding_size = 256
 config.margin_list = (1.0, 0.0, 0.2)
 config.margin_scale = 32.0
 config.sample_rate = 0.5

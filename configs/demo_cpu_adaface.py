@@ -10,7 +10,8 @@ from easydict import EasyDict as edict
 
 config = edict()
 config.network = "tiny"
-config.network_kwargs = {"widths": (4, 16, 64, 128)}
+config.network_kwargs = {"widths": (2, 16, 64, 128)}
+config.embedding_size = 256
 config.margin = "adaface"
 config.adaface_m = 0.2
 config.margin_gradient = "exact"
