@@ -87,7 +87,7 @@ def test_demo_trains_and_verifies_bf16_only_where_the_cpu_computes_it(tmp_path, 
             commands.append(cmd)
             row = {"pairs": 300, "acc": 0.9, "val": 0.5}
             path = cmd[cmd.index("--json") + 1]
-            (tmp_path / "out").mkdir(exist_ok=True)
+            output.mkdir(exist_ok=True)
             with open(path, "w") as f:
                 json.dump({"syn_easy": row, "syn_hard": row}, f)
 

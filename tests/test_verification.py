@@ -370,8 +370,7 @@ def test_callback_single_process_logs_and_tracks_best(caplog):
 
 @pytest.mark.parametrize("dtype", [None, torch.bfloat16])
 def test_callback_verifies_in_the_training_precision(dtype):
-    # The trainer passes its autocast dtype (bf16 = True here): the backbone's forward runs under it, and the
-    # embeddings still reach the protocol as float64.
+    # The trainer passes its autocast dtype (bf16 = True in a config): the backbone's forward runs under it.
     pytest.importorskip("utils.distributed")
     from eval.callback import CallbackVerification
 
