@@ -19,6 +19,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from utils import cpu_kernels
 from utils.distributed import Tactic, resolve_tactic
 
 __all__ = ["OPTIMIZERS", "ROW_CHUNK", "RowSparseAdamW", "RowSparseSGD", "build_head_optimizer", "build_optimizers"]
@@ -46,8 +47,11 @@ class _RowSparseOptimizer(torch.optim.Optimizer):
     """Base: eager row-wise state, and ``step`` routing dense and row-sparse gradients to ``_update``.
 
     ``tactic`` (see ``utils.distributed.resolve_tactic``, default by the parameter's device): with
-    ``row_blocks`` an update runs over chunks of ``ROW_CHUNK`` rows whose operands stay in cache; with
-    ``fixed_ops`` over all present rows at once (a fixed number of operations per step).
+    ``row_blocks`` (the CPU's) fp32 rows go through ``utils.cpu_kernels`` when it is built
+    (``_kernel_update``: one pass over each row), else the torch operations run over chunks of ``ROW_CHUNK``
+    rows whose operands stay in cache; with ``fixed_ops`` over all present rows at once (a fixed number of
+    operations per step). All give SGD's update to the bit; AdamW's kernel rounds its square root correctly,
+    where torch's CPU ``sqrt`` is sometimes one unit in the last place off, so they agree to rounding.
     """
 
     _state_keys: tuple[str, ...] = ()
@@ -69,6 +73,12 @@ class _RowSparseOptimizer(torch.optim.Optimizer):
 
         ``scratch`` is a work buffer of ``param_rows``' shape and dtype that the update may overwrite.
         """
+        raise NotImplementedError
+
+    def _kernel_update(self, group: dict[str, Any], p: Tensor, state: dict[str, Tensor], rows: Tensor | None,
+                       grad: Tensor) -> None:
+        """The same update through ``utils.cpu_kernels``: rows ``rows (n,)`` (all rows when None) of ``p`` and
+        its state, from ``grad (n, D)``. Called only when ``cpu_kernels.usable`` holds for every tensor."""
         raise NotImplementedError
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -98,8 +108,12 @@ class _RowSparseOptimizer(torch.optim.Optimizer):
                     continue
                 state = self.state[p]
                 rows, values = _rows_of(p.grad)
+                tactic = resolve_tactic(self.tactic, p.device)
+                if tactic == "row_blocks" and cpu_kernels.usable(p, values, *(state[k] for k in self._state_keys)):
+                    self._kernel_update(group, p, state, rows, values)
+                    continue
                 count = p.shape[0] if rows is None else rows.shape[0]
-                if resolve_tactic(self.tactic, p.device) == "fixed_ops":
+                if tactic == "fixed_ops":
                     chunk = max(count, 1)
                 else:
                     chunk = min(ROW_CHUNK, max(count, 1))
@@ -163,6 +177,10 @@ class RowSparseSGD(_RowSparseOptimizer):
         state["momentum_buffer"].index_copy_(0, idx, buf)
         p.index_add_(0, idx, buf, alpha=-group["lr"])
 
+    def _kernel_update(self, group, p, state, rows, grad) -> None:
+        cpu_kernels.sgd_rows(p.data, state["momentum_buffer"], grad, rows, group["lr"], group["momentum"],
+                             group["weight_decay"])
+
 
 class RowSparseAdamW(_RowSparseOptimizer):
     """AdamW (decoupled weight decay) with per-row step counts, touching only the rows present.
@@ -203,6 +221,18 @@ class RowSparseAdamW(_RowSparseOptimizer):
         bias2_sqrt = (1.0 - torch.pow(beta2, step)).sqrt_()  # (rows,)
         denom = torch.sqrt(exp_avg_sq, out=scratch).div_(bias2_sqrt[:, None].to(exp_avg_sq.dtype)).add_(eps)  # (rows, D)
         param_rows.addcdiv_(exp_avg * (-lr / bias1)[:, None].to(exp_avg.dtype), denom)
+
+    def _kernel_update(self, group, p, state, rows, grad) -> None:
+        beta1, beta2 = group["betas"]
+        if rows is None:
+            step = state["step"].add_(1.0)  # (N,)
+        else:
+            step = state["step"].index_select(0, rows).add_(1.0)  # (n,)
+            state["step"].index_copy_(0, rows, step)
+        step_size = -group["lr"] / (1.0 - torch.pow(beta1, step))  # (n,) as _update's -lr / bias1
+        bias2_sqrt = (1.0 - torch.pow(beta2, step)).sqrt_()  # (n,)
+        cpu_kernels.adamw_rows(p.data, state["exp_avg"], state["exp_avg_sq"], grad, rows, step_size, bias2_sqrt,
+                               group["lr"], group["betas"], group["eps"], group["weight_decay"])
 
 
 # name -> (the backbone's torch optimizer, the head's row-sparse one); momentum is SGD's momentum or AdamW's beta1.

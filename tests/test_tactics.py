@@ -196,11 +196,19 @@ def test_fixed_ops_head_equals_row_blocks(head_kind, batch, classes, rate):
     torch.testing.assert_close(fixed[2], blocks[2], atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("kernels", ["torch", "compiled"])
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 @pytest.mark.parametrize("sparse", [True, False])
-def test_fixed_ops_optimizer_equals_row_blocks(optimizer, sparse):
-    """The same gradient (3000 rows: several row chunks) gives the same update and state with both tactics."""
+def test_fixed_ops_optimizer_equals_row_blocks(optimizer, sparse, kernels, monkeypatch):
+    """The same gradient (3000 rows: several row chunks) gives the same update and state with both tactics:
+    to the bit with row_blocks' chunked torch operations, and with its compiled kernels for SGD; AdamW's
+    kernel rounds its square root correctly where torch's CPU sqrt may not, so it agrees to rounding."""
     from partial_fc import RowSparseAdamW, RowSparseSGD
+    from utils import cpu_kernels
+
+    if kernels == "torch":
+        monkeypatch.setenv(cpu_kernels.ENV_SWITCH, "0")
+    assert (cpu_kernels.library() is not None) == (kernels == "compiled")
 
     make = {"sgd": lambda p, t: RowSparseSGD([p], lr=0.1, tactic=t),
             "adamw": lambda p, t: RowSparseAdamW([p], lr=0.01, tactic=t)}[optimizer]
@@ -218,6 +226,12 @@ def test_fixed_ops_optimizer_equals_row_blocks(optimizer, sparse):
                 weight.grad = torch.zeros_like(weight).index_copy_(0, rows, grad)
             opt.step()
         out[tactic] = (weight.detach(), opt.state[weight])
+    if kernels == "compiled" and optimizer == "adamw":
+        torch.testing.assert_close(out["fixed_ops"][0], out["row_blocks"][0], rtol=1e-6, atol=1e-7)
+        for k in out["fixed_ops"][1]:
+            torch.testing.assert_close(out["fixed_ops"][1][k], out["row_blocks"][1][k], rtol=1e-6, atol=1e-9)
+        assert not torch.equal(out["fixed_ops"][0], out["row_blocks"][0])  # the kernel really ran
+        return
     assert torch.equal(out["fixed_ops"][0], out["row_blocks"][0])
     assert all(torch.equal(out["fixed_ops"][1][k], out["row_blocks"][1][k]) for k in out["fixed_ops"][1])
 

@@ -1,0 +1,201 @@
+"""Compiled CPU loops for the head optimizers' row updates: one read and one write of each row.
+
+torch updates the rows of an SGD or AdamW step with several whole-tensor operations (and, for sampled rows,
+a gather before and a scatter after), so each row of weight and optimizer state crosses the memory bus
+several times; on a CPU that traffic, not arithmetic, is what the update costs. ``utils/cpu_kernels.c`` does
+the same arithmetic, operation for operation, in one pass per row: at 50k sampled rows of 500k × 512 it
+takes a quarter of the torch operations' time, with the same bits (see the C file; ``tests/test_cpu_kernels``).
+
+The C file is compiled on first use with the system's C compiler (``$CC``, else ``cc``) into
+``$XDG_CACHE_HOME/partial_fc/cpu_kernels/`` (``~/.cache`` by default), named by a hash of the source, the
+compiler and the machine, written atomically (ranks that start together may both build it), and loaded with
+ctypes. Where there is no compiler, the build fails, or ``PFC_CPU_KERNELS=0`` is set in the environment,
+``library()`` is None (said once in the log) and the optimizers run the torch operations instead, with the
+same results. Only fp32 CPU tensors go through the kernels (``usable``). An update is split into
+``torch.get_num_threads()`` ranges of rows, run side by side on a thread pool (ctypes releases the GIL), so a
+rank with several intra-op threads updates as torch's operations would, in parallel.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+__all__ = ["ENV_SWITCH", "SOURCE", "adamw_rows", "cache_dir", "library", "sgd_rows", "usable"]
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_suffix(".c")
+ENV_SWITCH = "PFC_CPU_KERNELS"  # "0": never use the compiled kernels (the torch operations run instead)
+_ABI = 2  # pfc_kernels_abi() of the C file this module speaks to
+_FLAGS = ("-O3", "-shared", "-fPIC", "-ffp-contract=off", "-fno-math-errno", "-std=c11")
+
+_MIN_ROWS_PER_THREAD = 256  # smaller updates run on the calling thread
+_loaded: dict[str, ctypes.CDLL | None] = {}  # library path -> the loaded library, or None when it failed
+_pool: tuple[ThreadPoolExecutor, int] | None = None  # the pool and its number of threads
+
+
+def cache_dir() -> Path:
+    """Where built libraries are kept: ``$XDG_CACHE_HOME/partial_fc/cpu_kernels`` (``~/.cache/...``)."""
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "partial_fc" / "cpu_kernels"
+
+
+def _compiler() -> str | None:
+    name = os.environ.get("CC") or "cc"
+    return shutil.which(name)
+
+
+def _build(compiler: str, target: Path) -> None:
+    """Compile ``SOURCE`` into ``target`` atomically (a temporary file in the same folder, then a rename)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    try:
+        proc = subprocess.run([compiler, *_FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True,
+                              timeout=120)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{compiler} exited with {proc.returncode}: {proc.stderr.strip()[-2000:]}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels (built first if needed), or None when they are switched off or cannot be built."""
+    if os.environ.get(ENV_SWITCH, "1") == "0":
+        return None
+    compiler = _compiler()
+    if compiler is None:
+        key = "no compiler"
+        if key not in _loaded:
+            logger.info("CPU kernels: no C compiler (%s); the head optimizers use torch operations",
+                        os.environ.get("CC") or "cc")
+            _loaded[key] = None
+        return None
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join((compiler, *_FLAGS, platform.machine(),
+                                                            platform.system())).encode()).hexdigest()[:16]
+    target = cache_dir() / f"cpu_kernels_{digest}.so"
+    key = str(target)
+    if key in _loaded:
+        return _loaded[key]
+    lib = None
+    try:
+        if not target.exists():
+            _build(compiler, target)
+        lib = ctypes.CDLL(str(target))
+        if lib.pfc_kernels_abi() != _ABI:
+            raise RuntimeError(f"{target} speaks ABI {lib.pfc_kernels_abi()}, expected {_ABI}")
+        _declare(lib)
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        logger.warning("CPU kernels unavailable (%s); the head optimizers use torch operations", exc)
+        lib = None
+    _loaded[key] = lib
+    return lib
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    p, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+    lib.pfc_kernels_abi.restype = i64
+    lib.pfc_sgd_rows.argtypes = [p, p, p, p, i64, i64, i64, f32, f32, f32, i32]
+    lib.pfc_sgd_rows.restype = None
+    lib.pfc_adamw_rows.argtypes = [p, p, p, p, p, i64, i64, i64, p, p, f32, f32, f32, f32, f32]
+    lib.pfc_adamw_rows.restype = None
+
+
+def usable(*tensors: Tensor) -> bool:
+    """Whether the kernels can update these tensors: all fp32, on the CPU, contiguous, and the kernels built."""
+    return (all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous() for t in tensors)
+            and library() is not None)
+
+
+def _check(weight: Tensor, grad: Tensor, rows: Tensor | None, states: tuple[Tensor, ...]) -> int:
+    """Shapes, dtypes and row bounds: a wrong index here would write outside the tensors. Returns ``n``."""
+    if weight.dim() != 2 or grad.dim() != 2 or grad.shape[1] != weight.shape[1]:
+        raise ValueError(f"cpu_kernels: weight {tuple(weight.shape)} and gradient {tuple(grad.shape)} must be "
+                         f"(rows, D) with the same D")
+    for t in (weight, grad, *states):
+        if t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous():
+            raise ValueError(f"cpu_kernels: expected contiguous fp32 CPU tensors, got {t.dtype} on {t.device} "
+                             f"(contiguous: {t.is_contiguous()})")
+    for t in states:
+        if t.shape != weight.shape:
+            raise ValueError(f"cpu_kernels: state {tuple(t.shape)} must have the weight's shape {tuple(weight.shape)}")
+    n = grad.shape[0]
+    if rows is None:
+        if n != weight.shape[0]:
+            raise ValueError(f"cpu_kernels: a dense gradient of {n} rows for a weight of {weight.shape[0]}")
+    else:
+        if rows.dtype != torch.int64 or rows.device.type != "cpu" or rows.shape != (n,) or not rows.is_contiguous():
+            raise ValueError(f"cpu_kernels: rows must be a contiguous int64 CPU tensor of shape ({n},), got "
+                             f"{rows.dtype} {tuple(rows.shape)}")
+        if n and not (int(rows.min()) >= 0 and int(rows.max()) < weight.shape[0]):
+            raise ValueError(f"cpu_kernels: row indices in [{int(rows.min())}, {int(rows.max())}] outside "
+                             f"[0, {weight.shape[0]})")
+    return n
+
+
+def _over_rows(kernel: Callable[[int, int], None], n: int) -> None:
+    """``kernel(begin, end)`` over ``[0, n)``: split into ``torch.get_num_threads()`` ranges run side by side."""
+    global _pool
+    parts = max(1, min(torch.get_num_threads(), n // _MIN_ROWS_PER_THREAD))
+    if parts == 1:
+        kernel(0, n)
+        return
+    if _pool is None or _pool[1] < parts:
+        if _pool is not None:
+            _pool[0].shutdown(wait=False)
+        _pool = (ThreadPoolExecutor(max_workers=parts, thread_name_prefix="cpu_kernels"), parts)
+    bounds = [n * k // parts for k in range(parts + 1)]
+    for future in [_pool[0].submit(kernel, bounds[k], bounds[k + 1]) for k in range(parts)]:
+        future.result()
+
+
+def _required() -> ctypes.CDLL:
+    lib = library()
+    if lib is None:
+        raise RuntimeError("cpu_kernels: the kernels are unavailable (see usable())")
+    return lib
+
+
+def sgd_rows(weight: Tensor, momentum_buffer: Tensor, grad: Tensor, rows: Tensor | None, lr: float,
+             momentum: float, weight_decay: float) -> None:
+    """``optimizers.RowSparseSGD``'s update of ``weight (N, D)`` and ``momentum_buffer (N, D)`` in place, from
+    ``grad (n, D)`` for rows ``rows (n,)`` (unique; all N rows in order when None)."""
+    lib = _required()
+    n = _check(weight, grad, rows, (momentum_buffer,))
+    args = (weight.data_ptr(), momentum_buffer.data_ptr(), grad.data_ptr(), None if rows is None else rows.data_ptr())
+    _over_rows(lambda begin, end: lib.pfc_sgd_rows(*args, begin, end, weight.shape[1], lr, momentum, weight_decay,
+                                                   int(weight_decay != 0)), n)
+
+
+def adamw_rows(weight: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, grad: Tensor, rows: Tensor | None,
+               step_size: Tensor, bias2_sqrt: Tensor, lr: float, betas: tuple[float, float], eps: float,
+               weight_decay: float) -> None:
+    """``optimizers.RowSparseAdamW``'s update of ``weight`` and its moments (each ``(N, D)``) in place, from
+    ``grad (n, D)`` for rows ``rows (n,)`` (all rows when None), with the rows' bias corrections
+    ``step_size = -lr / (1 - beta1^t)`` and ``bias2_sqrt = sqrt(1 - beta2^t)`` (each ``(n,)`` fp32)."""
+    lib = _required()
+    n = _check(weight, grad, rows, (exp_avg, exp_avg_sq))
+    for name, t in (("step_size", step_size), ("bias2_sqrt", bias2_sqrt)):
+        if t.shape != (n,) or t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous():
+            raise ValueError(f"cpu_kernels: {name} must be a contiguous fp32 CPU tensor of shape ({n},), got "
+                             f"{t.dtype} {tuple(t.shape)}")
+    beta1, beta2 = betas
+    args = (weight.data_ptr(), exp_avg.data_ptr(), exp_avg_sq.data_ptr(), grad.data_ptr(),
+            None if rows is None else rows.data_ptr())
+    _over_rows(lambda begin, end: lib.pfc_adamw_rows(*args, begin, end, weight.shape[1], step_size.data_ptr(),
+                                                     bias2_sqrt.data_ptr(), 1.0 - lr * weight_decay, 1.0 - beta1,
+                                                     beta2, 1.0 - beta2, eps), n)
