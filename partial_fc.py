@@ -52,6 +52,7 @@ from torch import Tensor, nn
 from losses import Margin
 # The head's optimizers live in optimizers.py; their names stay importable from here, as README showed them.
 from optimizers import RowSparseAdamW, RowSparseSGD, build_head_optimizer
+from utils import cpu_kernels
 from utils.distributed import (Tactic, all_gather_cat, all_gather_sizes, get_rank, get_world_size, resolve_tactic,
                                rows_per_block, sharded_cross_entropy, sharded_log_sum_exp, to_host)
 
@@ -272,7 +273,10 @@ class _MarginSoftmax(torch.autograd.Function):
     while it is in cache (``sharded_log_sum_exp`` combines the ranks). The backward recomputes the block's
     logits the same way, forms ``g = ∂L/∂cos`` (``s·softmax`` off target, ``slope·(softmax − 1)`` on it, over
     the batch), reduces ``g⊙cos`` and writes ``G = g·diag(1/|W|)`` over the cosines. One ``(B, C)`` buffer and
-    one read and write of it each way, against the unfused chain's three buffers and about a dozen passes.
+    one read and write of it each way, against the unfused chain's three buffers and about a dozen passes. With
+    ``row_blocks`` on fp32 CPU tensors the row passes are compiled loops (``utils.cpu_kernels.softmax_forward`` /
+    ``softmax_backward``: two passes per row forward, one backward), which agree with the torch operations to
+    rounding.
     """
 
     @staticmethod
@@ -288,30 +292,40 @@ class _MarginSoftmax(torch.autograd.Function):
         col = target.clamp_min(0)[:, None]  # (B, 1)
         target_logit, slope = margin.target_logits(cos.gather(1, col) * inv_w[col])  # (B, 1) each
         local_max, local_sum = cos.new_empty(batch), cos.new_empty(batch)  # (B,)
-        step = rows_per_block(classes, batch, tactic)
-        work = cos.new_empty((min(step, batch), classes))  # (step, C) the block's logits
-        for start in range(0, batch, step):
-            block = cos[start: start + step].mul_(inv_w)  # (step, C) cosines, kept for the backward
-            logits = _block_logits(block, s, target_logit, here, col, start, work)
-            torch.amax(logits, dim=1, out=local_max[start: start + step])
-            torch.sum(logits.sub_(local_max[start: start + step, None]).exp_(), dim=1,
-                      out=local_sum[start: start + step])
+        if tactic == "row_blocks" and cpu_kernels.usable(cos, inv_w, target_logit):
+            # The same passes compiled, two per row (utils.cpu_kernels): cosines kept in cos for the backward.
+            cpu_kernels.softmax_forward(cos, inv_w, s, target_logit.view(-1), target, local_max, local_sum)
+        else:
+            step = rows_per_block(classes, batch, tactic)
+            work = cos.new_empty((min(step, batch), classes))  # (step, C) the block's logits
+            for start in range(0, batch, step):
+                block = cos[start: start + step].mul_(inv_w)  # (step, C) cosines, kept for the backward
+                logits = _block_logits(block, s, target_logit, here, col, start, work)
+                torch.amax(logits, dim=1, out=local_max[start: start + step])
+                torch.sum(logits.sub_(local_max[start: start + step, None]).exp_(), dim=1,
+                          out=local_sum[start: start + step])
         row_max, sum_exp, total_target = sharded_log_sum_exp(
             local_max, local_sum, torch.where(here, target_logit, 0.0)[:, 0])
         loss = (torch.log(sum_exp) + row_max - total_target).mean()
         ctx.s, ctx.tactic, ctx.sparse, ctx.weight_shape, ctx.buffers = s, tactic, sparse, weight.shape, buffers
-        ctx.save_for_backward(*saved, cos, row_max, sum_exp, target_logit, slope, here, col)
+        ctx.save_for_backward(*saved, cos, row_max, sum_exp, target_logit, slope, here, col, target)
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor):
-        *saved, cos, row_max, sum_exp, target_logit, slope, here, col = ctx.saved_tensors
+        *saved, cos, row_max, sum_exp, target_logit, slope, here, col, target = ctx.saved_tensors
         inv_w, s = saved[4], ctx.s
         batch, classes = cos.shape
         scale = grad_loss / batch  # ()
         coef = scale / sum_exp  # (B,)
         dot_w = torch.zeros_like(inv_w)  # (C,)
         dot_e = torch.empty_like(saved[3])  # (B,)
+        if ctx.tactic == "row_blocks" and cpu_kernels.usable(cos, inv_w, target_logit, slope, coef):
+            cpu_kernels.softmax_backward(cos, inv_w, s, float(scale), target_logit.view(-1), slope.view(-1), target,
+                                         row_max, coef, dot_w, dot_e)  # one pass per row, compiled
+            grad_emb, grad_weight = _cosine_products_backward(ctx, tuple(saved), cos, dot_w, dot_e)
+            ctx.buffers.give(cos)
+            return grad_emb, grad_weight, None, None, None, None, None, None
         step = rows_per_block(classes, batch, ctx.tactic)
         work = cos.new_empty((min(step, batch), classes))  # (step, C)
         ones = cos.new_ones(min(step, batch))  # (step,)

@@ -129,6 +129,13 @@ def test_bad_arguments_name_what_is_wrong():
     with pytest.raises(ValueError, match=r"step_size must be a contiguous fp32 CPU tensor of shape \(2,\)"):
         cpu_kernels.adamw_rows(weight, buf, buf.clone(), grad, torch.tensor([0, 1]), torch.ones(3), torch.ones(2),
                                0.1, (0.9, 0.999), 1e-8, 0.0)
+    cos, four = torch.zeros(2, 5), torch.zeros(2)
+    with pytest.raises(ValueError, match=r"cosines must be a contiguous \(B, C\) fp32 CPU tensor, got torch.float64"):
+        cpu_kernels.softmax_forward(cos.double(), torch.ones(5), 1.0, four, torch.zeros(2, dtype=torch.long), four, four)
+    with pytest.raises(ValueError, match=r"inv_w must be a contiguous torch.float32 CPU tensor of shape \(5,\)"):
+        cpu_kernels.softmax_forward(cos, torch.ones(4), 1.0, four, torch.zeros(2, dtype=torch.long), four, four)
+    with pytest.raises(ValueError, match=r"target must be a contiguous torch.int64 CPU tensor of shape \(2,\)"):
+        cpu_kernels.softmax_backward(cos, torch.ones(5), 1.0, 0.5, four, four, four, four, four, torch.zeros(5), four)
     assert not cpu_kernels.usable(weight.double()) and not cpu_kernels.usable(weight.t())
     assert cpu_kernels.usable(weight, grad)
     assert torch.equal(weight, torch.zeros(10, 4))  # nothing was written
@@ -165,7 +172,7 @@ def test_without_a_compiler_the_torch_operations_run(fresh_cache, monkeypatch, c
     with caplog.at_level(logging.INFO, logger="utils.cpu_kernels"):
         assert cpu_kernels.library() is None and cpu_kernels.library() is None
     said = [r.getMessage() for r in caplog.records]
-    assert said == ["CPU kernels: no C compiler (no-such-compiler-here); the head optimizers use torch operations"]
+    assert said == ["CPU kernels: no C compiler (no-such-compiler-here); the head uses torch operations"]
     assert not cpu_kernels.usable(torch.zeros(2, 2))
     with pytest.raises(RuntimeError, match="the kernels are unavailable"):
         cpu_kernels.sgd_rows(torch.zeros(2, 2), torch.zeros(2, 2), torch.zeros(2, 2), None, 0.1, 0.9, 0.0)
@@ -195,3 +202,74 @@ def test_the_switch_turns_them_off(monkeypatch):
     assert cpu_kernels.library() is None and not cpu_kernels.usable(torch.zeros(2, 2))
     monkeypatch.setenv(cpu_kernels.ENV_SWITCH, "1")
     assert cpu_kernels.library() is not None
+
+
+def _margin_softmax_step(batch: int, classes: int, s: float, spread: float, seed: int):
+    """Loss, embedding gradient and weight gradient of one fused margin-softmax step (CPU tactic), a third of the
+    rows' classes elsewhere (target -1)."""
+    from losses import ArcFace
+    from partial_fc import _Buffer, _MarginSoftmax
+
+    g = torch.Generator().manual_seed(seed)
+    emb = torch.randn(batch, 16, generator=g).requires_grad_()
+    weight = (torch.randn(classes, 16, generator=g) * spread).requires_grad_()
+    target = torch.randint(0, classes, (batch,), generator=g)
+    target[::3] = -1
+    loss = _MarginSoftmax.apply(emb, weight, None, target, ArcFace(s=s), "row_blocks", False, _Buffer())
+    loss.backward()
+    return loss.detach(), emb.grad, weight.grad
+
+
+@pytest.mark.parametrize("batch, classes, s", [(7, 37, 64.0), (64, 3001, 64.0), (33, 1000, 16.0)])
+def test_margin_softmax_kernels_agree_with_the_torch_operations(batch, classes, s, monkeypatch):
+    """Classes not a multiple of the 16 lanes; s = 64 sends many logits below e^-87 (clamped there, not 0)."""
+    out = {}
+    for mode in ("1", "0"):
+        monkeypatch.setenv(cpu_kernels.ENV_SWITCH, mode)
+        out[mode] = _margin_softmax_step(batch, classes, s, spread=1.0, seed=batch)
+    torch.testing.assert_close(out["1"][0], out["0"][0], rtol=2e-7, atol=0)
+    torch.testing.assert_close(out["1"][1], out["0"][1], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(out["1"][2], out["0"][2], rtol=1e-5, atol=1e-7)
+    assert out["1"][2].abs().sum() > 0
+
+
+def test_softmax_forward_row_statistics_and_threads():
+    g = torch.Generator().manual_seed(4)
+    batch, classes = 300, 517
+    products = torch.randn(batch, classes, generator=g)
+    inv_w = torch.rand(classes, generator=g) + 0.5
+    target = torch.randint(-1, classes, (batch,), generator=g)
+    target_logit = torch.randn(batch, generator=g) * 10
+    results = []
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 3):
+            torch.set_num_threads(threads)
+            cos, row_max, row_sum = products.clone(), torch.empty(batch), torch.empty(batch)
+            cpu_kernels.softmax_forward(cos, inv_w, 30.0, target_logit, target, row_max, row_sum)
+            results.append((cos, row_max, row_sum))
+    finally:
+        torch.set_num_threads(before)
+    cos, row_max, row_sum = results[0]
+    assert all(torch.equal(a, b) for a, b in zip(results[0], results[1]))  # rows split over threads: same bits
+    assert torch.equal(cos, products * inv_w)
+    logits = 30.0 * cos
+    rows = torch.nonzero(target >= 0)[:, 0]
+    logits[rows, target[rows]] = target_logit[rows]
+    assert torch.equal(row_max, logits.amax(dim=1))
+    torch.testing.assert_close(row_sum, (logits - row_max[:, None]).double().exp().sum(dim=1).float(), rtol=3e-7,
+                               atol=0)
+
+
+def test_softmax_kernels_keep_a_nan_a_nan():
+    """A non-finite step must stay visible in the loss: the trainer's skip-or-step decision reads it."""
+    cos = torch.zeros(3, 40)
+    cos[1, 7] = float("nan")
+    inv_w, target = torch.ones(40), torch.tensor([0, 5, -1])
+    row_max, row_sum = torch.empty(3), torch.empty(3)
+    cpu_kernels.softmax_forward(cos, inv_w, 64.0, torch.zeros(3), target, row_max, row_sum)
+    assert torch.isfinite(row_sum[[0, 2]]).all() and torch.isnan(row_sum[1])
+    dot_w, dot_e = torch.zeros(40), torch.empty(3)
+    cpu_kernels.softmax_backward(cos, inv_w, 64.0, 1 / 3, torch.zeros(3), torch.ones(3), target, row_max,
+                                 torch.full((3,), 0.01), dot_w, dot_e)
+    assert torch.isnan(dot_e[1]) and torch.isfinite(dot_e[[0, 2]]).all() and torch.isnan(dot_w).any()

@@ -1,4 +1,5 @@
-/* Row updates of the head's optimizers on the CPU, one pass over each row (see utils/cpu_kernels.py).
+/* CPU loops of the head (see utils/cpu_kernels.py): the optimizers' row updates, one pass over each row, and
+   the fused margin-softmax's passes over its (B, C) cosines.
 
    torch runs these updates as several whole-tensor operations, each reading and writing every row again;
    here each row of weight, state and gradient is read once and written once. The arithmetic is torch's,
@@ -15,7 +16,7 @@
 #define CLONES
 #endif
 
-int64_t pfc_kernels_abi(void) { return 2; }
+int64_t pfc_kernels_abi(void) { return 3; }
 
 /* SGD with momentum and weight decay (torch.optim.SGD, dampening 0, no Nesterov) on rows [begin, end) of an
    n-row update of d values (the caller splits the rows between threads; rows are unique, so threads never
@@ -70,5 +71,125 @@ CLONES void pfc_adamw_rows(float *weight, float *exp_avg, float *exp_avg_sq, con
       v[j] = vj;
       w[j] = wj + (mj * c) / (sqrtf(vj) / b2 + eps);
     }
+  }
+}
+
+/* exp(x) in float, to ~1.3 units in the last place: 2^n · P(r) with x = n·ln2 + r, |r| <= ln2/2 (Cody-Waite
+   split of ln2, degree-7 polynomial), n rounded by adding 1.5·2^23 (no float-to-int conversion, so a NaN stays
+   a NaN). Branch-free, so the row loops below vectorise. Results below e^-87 are e^-87 (~1.6e-38), not 0. */
+#define LANES 16
+#define CHUNK 256 /* columns summed in float lanes before they join a double total */
+static inline float pfc_exp(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  x = x > 88.0f ? 88.0f : x;
+  union { float f; int32_t i; } n, scale;
+  n.f = x * 1.44269504088896341f + 12582912.0f;
+  const float k = n.f - 12582912.0f;
+  float r = fmaf(k, -0.693359375f, x);
+  r = fmaf(k, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = fmaf(p, r, 1.3981999507e-3f);
+  p = fmaf(p, r, 8.3334519073e-3f);
+  p = fmaf(p, r, 4.1665795894e-2f);
+  p = fmaf(p, r, 1.6666665459e-1f);
+  p = fmaf(p, r, 5.0000001201e-1f);
+  p = fmaf(p, r * r, r + 1.0f);
+  scale.i = (n.i - 0x4B400000 + 127) << 23;
+  return p * scale.f;
+}
+
+/* Forward of the fused margin-softmax on rows [begin, end) of `cos` (B, c): each row is scaled in place by
+   the centres' inverse norms (cos = products · inv_w: the cosines the backward reads), its logits are s·cos
+   but target_logit[b] in column target[b] (no column when target[b] < 0), and row_max[b] / row_sum[b]
+   receive their maximum and the sum of exp(logit − maximum). Sums and maxima run in LANES fixed lanes (lane =
+   column mod LANES), so the result does not depend on the vector width; each CHUNK of columns' lanes is added
+   to a double total, which keeps a sum over 10^5 columns as accurate as torch's. */
+CLONES void pfc_softmax_forward(float *cos, const float *inv_w, int64_t c, float s, const float *target_logit,
+                                const int64_t *target, float *row_max, float *row_sum, int64_t begin, int64_t end) {
+  for (int64_t b = begin; b < end; ++b) {
+    float *restrict row = cos + b * c;
+    const int64_t t = target[b];
+    const float tl = target_logit[b];
+    float lane[LANES];
+    for (int k = 0; k < LANES; ++k) lane[k] = -INFINITY;
+    int64_t j = 0;
+    for (; j + LANES <= c; j += LANES) {
+      for (int k = 0; k < LANES; ++k) {
+        const float v = row[j + k] * inv_w[j + k];
+        row[j + k] = v;
+        const float logit = j + k == t ? tl : s * v;
+        lane[k] = logit > lane[k] ? logit : lane[k];
+      }
+    }
+    for (; j < c; ++j) {
+      const float v = row[j] * inv_w[j];
+      row[j] = v;
+      const float logit = j == t ? tl : s * v;
+      lane[j % LANES] = logit > lane[j % LANES] ? logit : lane[j % LANES];
+    }
+    float m = lane[0];
+    for (int k = 1; k < LANES; ++k) m = lane[k] > m ? lane[k] : m;
+    double total = 0.0;
+    for (int64_t chunk = 0; chunk < c; chunk += CHUNK) {
+      const int64_t stop = chunk + CHUNK < c ? chunk + CHUNK : c;
+      for (int k = 0; k < LANES; ++k) lane[k] = 0.0f;
+      for (j = chunk; j + LANES <= stop; j += LANES) {
+        for (int k = 0; k < LANES; ++k) {
+          const float logit = j + k == t ? tl : s * row[j + k];
+          lane[k] += pfc_exp(logit - m);
+        }
+      }
+      for (; j < stop; ++j) lane[j % LANES] += pfc_exp((j == t ? tl : s * row[j]) - m);
+      for (int k = 0; k < LANES; ++k) total += lane[k];
+    }
+    row_max[b] = m;
+    row_sum[b] = (float)total;
+  }
+}
+
+/* Backward of the fused margin-softmax on rows [begin, end) of `cos` (B, c), the scaled cosines: with
+   p = exp(logit − row_max[b]) · coef[b] (the softmax, already divided by the global batch size), g = ∂L/∂cos is
+   s·p off the target and slope[b]·(p − scale) on it; dot_w[j] += g·cos (column sums, over the rows in order),
+   dot_e[b] = Σ_j g·cos (in lanes, as the forward), and the row is overwritten by G = g · inv_w. */
+CLONES void pfc_softmax_backward(float *cos, const float *inv_w, int64_t c, float s, float scale,
+                                 const float *target_logit, const float *slope, const int64_t *target,
+                                 const float *row_max, const float *coef, float *dot_w, float *dot_e, int64_t begin,
+                                 int64_t end) {
+  for (int64_t b = begin; b < end; ++b) {
+    float *restrict row = cos + b * c;
+    float *restrict dw = dot_w;
+    const int64_t t = target[b];
+    const float tl = target_logit[b], sl = slope[b], m = row_max[b], cf = coef[b];
+    float lane[LANES];
+    double total = 0.0;
+    for (int64_t chunk = 0; chunk < c; chunk += CHUNK) {
+      const int64_t stop = chunk + CHUNK < c ? chunk + CHUNK : c;
+      for (int k = 0; k < LANES; ++k) lane[k] = 0.0f;
+      int64_t j = chunk;
+      for (; j + LANES <= stop; j += LANES) {
+        for (int k = 0; k < LANES; ++k) {
+          const float v = row[j + k];
+          const int here = j + k == t;
+          const float p = pfc_exp((here ? tl : s * v) - m) * cf;
+          const float g = here ? sl * (p - scale) : s * p;
+          const float prod = v * g;
+          dw[j + k] += prod;
+          lane[k] += prod;
+          row[j + k] = g * inv_w[j + k];
+        }
+      }
+      for (; j < stop; ++j) {
+        const float v = row[j];
+        const int here = j == t;
+        const float p = pfc_exp((here ? tl : s * v) - m) * cf;
+        const float g = here ? sl * (p - scale) : s * p;
+        const float prod = v * g;
+        dw[j] += prod;
+        lane[j % LANES] += prod;
+        row[j] = g * inv_w[j];
+      }
+      for (int k = 0; k < LANES; ++k) total += lane[k];
+    }
+    dot_e[b] = (float)total;
   }
 }
