@@ -34,7 +34,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from bench.common import Timing, current_rss_bytes, markdown_table, peak_rss_bytes, time_call, write_json  # noqa: E402
-from utils.cpu_memory import heap_env, trim_heap  # noqa: E402
+from utils.cpu_memory import huge_pages_env, trim_heap  # noqa: E402
 from utils.distributed import run_on_local_ranks  # noqa: E402
 
 
@@ -194,9 +194,8 @@ def _timing(samples: list[float]) -> dict[str, float]:
 
 def run(cfg: HeadConfig, world_size: int, timeout: float = 3600.0) -> list[dict[str, Any]]:
     """Run ``head_rank`` on ``world_size`` spawned local ranks (gloo on CPU, NCCL on CUDA); every rank's figures.
-    The ranks start with glibc's heap tunables (``utils.cpu_memory.heap_env``), as scripts/run.sh and
-    scripts/demo.py start trainers."""
-    os.environ.update(heap_env(keep_freed=cfg.device == "cpu"))
+    The ranks start with glibc's huge-page tunable, as scripts/run.sh and scripts/demo.py start trainers."""
+    os.environ.update(huge_pages_env())
     return run_on_local_ranks(head_rank, world_size, cfg, backend="nccl" if cfg.device == "cuda" else "gloo",
                               timeout=timeout)
 

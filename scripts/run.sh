@@ -20,27 +20,16 @@ case ${1:-} in
 esac
 config=$1
 shift
-gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-gpus=${gpus:-0}
 if [ $# -gt 0 ] && [[ $1 =~ ^[0-9]+$ ]]; then
     nproc=$1
     shift
     [ "$nproc" -ge 1 ] || { echo "run.sh: NPROC must be >= 1, got $nproc" >&2; exit 2; }
 else
-    nproc=$gpus
-    [ "$nproc" -ge 1 ] || nproc=1
+    nproc=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+    [ "${nproc:-0}" -ge 1 ] || nproc=1
 fi
 python=${PYTHON:-python3}
 [ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && python=.venv/bin/python
-# glibc's heap (utils/cpu_memory.py, heap_env): huge pages for large tensors; without GPUs also freed memory
-# kept for the next step instead of mapped anew. A tunable already in GLIBC_TUNABLES keeps its value.
-tunables="glibc.malloc.hugetlb=1"
-[ "$gpus" -ge 1 ] || tunables="$tunables glibc.malloc.mmap_max=0 glibc.malloc.trim_threshold=1099511627776"
-for tunable in $tunables; do
-    case ":${GLIBC_TUNABLES:-}:" in
-        *:"${tunable%%=*}"=*) ;;
-        *) GLIBC_TUNABLES="${GLIBC_TUNABLES:+$GLIBC_TUNABLES:}$tunable" ;;
-    esac
-done
-export GLIBC_TUNABLES
+# glibc: transparent huge pages for large tensors (fewer page faults on the CPU; utils/cpu_memory.py).
+case ":${GLIBC_TUNABLES:-}:" in *:glibc.malloc.hugetlb=*) ;; *) export GLIBC_TUNABLES="${GLIBC_TUNABLES:+$GLIBC_TUNABLES:}glibc.malloc.hugetlb=1" ;; esac
 exec "$python" -m torch.distributed.run --standalone --nproc_per_node="$nproc" train.py "$config" "$@"

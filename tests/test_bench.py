@@ -86,14 +86,10 @@ def test_plan_cli_json(tmp_path):
     assert plan["num_local"] == 3_625_000 and plan["peak_bytes"] == max(plan["phases"].values())
 
 
-def test_heap_env_adds_each_tunable_once():
-    from utils.cpu_memory import heap_env
+def test_huge_pages_env_adds_the_tunable_once():
+    from utils.cpu_memory import huge_pages_env
 
-    assert heap_env({}, keep_freed=False)["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
-    assert heap_env({}, keep_freed=True)["GLIBC_TUNABLES"] == (
-        "glibc.malloc.hugetlb=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1099511627776")
-    kept = heap_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2", "X": "1"}, keep_freed=False)
+    assert huge_pages_env({})["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
+    kept = huge_pages_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2", "X": "1"})
     assert kept == {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1", "X": "1"}
-    mine = "glibc.malloc.hugetlb=0:glibc.malloc.mmap_max=4"  # the user's own values stay
-    assert heap_env({"GLIBC_TUNABLES": mine}, keep_freed=True)["GLIBC_TUNABLES"] == (
-        mine + ":glibc.malloc.trim_threshold=1099511627776")
+    assert huge_pages_env({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"})["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=0"

@@ -16,10 +16,3 @@ def test_readme_lists_every_registered_backbone():
 
     readme = (ROOT / "README.md").read_text()
     assert [m for m in list_models() if f"| `{m}`" not in readme] == []
-
-
-def test_readme_cpu_heap_line_is_the_one_the_launchers_set():
-    from utils.cpu_memory import heap_env
-
-    line = f"export GLIBC_TUNABLES={heap_env({}, keep_freed=True)['GLIBC_TUNABLES']}\n"
-    assert line in (ROOT / "README.md").read_text()

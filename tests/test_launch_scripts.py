@@ -107,36 +107,3 @@ def test_without_PYTHON_the_repository_venv_then_python3(tmp_path, script, args)
     assert command().startswith(expected[0])
     (tmp_path / "venv-aside").rename(venv)
     assert command().startswith(expected[1])
-
-
-def test_run_starts_cpu_ranks_with_the_heap_tunables_of_utils_cpu_memory(tmp_path):
-    """No GPU here: the ranks get heap_env(keep_freed=True)'s tunables; one the user set keeps its value. With a
-    GPU (a stub nvidia-smi listing one) only the huge-page tunable is added."""
-    from utils.cpu_memory import heap_env
-
-    stub = tmp_path / "show-env"
-    stub.write_text('#!/bin/sh\necho "$GLIBC_TUNABLES"\n')
-    stub.chmod(0o755)
-
-    def tunables(user: str | None, path_prefix: str = "") -> str:
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "GLIBC_TUNABLES")}
-        env["PYTHON"] = str(stub)
-        env["PATH"] = path_prefix + env["PATH"]
-        if user is not None:
-            env["GLIBC_TUNABLES"] = user
-        proc = subprocess.run(["bash", str(ROOT / "scripts" / "run.sh"), "configs/debug_cpu", "1"], cwd=ROOT,
-                              env=env, capture_output=True, text=True, timeout=20)
-        assert proc.returncode == 0, proc.stderr
-        return proc.stdout.strip()
-
-    bins = {}
-    for name, script in (("cpu", "#!/bin/sh\nexit 9\n"), ("gpu", "#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-0)'\n")):
-        bins[name] = tmp_path / name
-        bins[name].mkdir()
-        (bins[name] / "nvidia-smi").write_text(script)  # a machine without, or with, a GPU
-        (bins[name] / "nvidia-smi").chmod(0o755)
-    cpu = f"{bins['cpu']}:"
-    assert tunables(None, cpu) == heap_env({}, keep_freed=True)["GLIBC_TUNABLES"]
-    mine = "glibc.malloc.arena_max=2:glibc.malloc.mmap_max=8"
-    assert tunables(mine, cpu) == heap_env({"GLIBC_TUNABLES": mine}, keep_freed=True)["GLIBC_TUNABLES"]
-    assert tunables(None, f"{bins['gpu']}:") == heap_env({}, keep_freed=False)["GLIBC_TUNABLES"]
