@@ -4,7 +4,7 @@ Data: 500 generated identities x 16 images in the insightface RecordIO layout, p
 verification pairs of 1,200 pairs each from identities not in training (scripts/make_synthetic.py writes
 them into `rec`). The tiny IResNet with 2 channels at full resolution and more in the small stages (what a
 CPU step costs is mostly the 112x112 stage), a 256-d embedding, CosFace margin, AdamW, Partial FC sampling
-half the class centres per step, 700 steps in bf16 (scripts/demo.py switches to fp32 on a CPU without
+half the class centres per step, 800 steps in bf16 (scripts/demo.py switches to fp32 on a CPU without
 hardware bf16). No verification during training (base's verbose = 2000 is past the last step):
 scripts/demo.py verifies the final model offline, beside the untrained one.
 """
@@ -26,7 +26,7 @@ config.rec = "data/demo_synthetic"
 config.num_classes = 500
 config.num_image = 8000
 config.num_epoch = 1
-config.max_steps = 700
+config.max_steps = 800
 config.val_targets = ["syn_easy", "syn_hard"]
 config.num_workers = 1
 config.device = "cpu"
