@@ -174,6 +174,8 @@ def head_rank(rank: int, world_size: int, cfg: HeadConfig) -> dict[str, Any]:
         for _ in range(max(cfg.warmup, 2)):
             step()
         peak = meter.peak()
+    if cfg.floor:
+        floor()  # its warm-up: the first call writes its outputs' fresh pages (seconds at R = 1), as a step's first did
     # Step and floor alternate, so load from other processes on a shared machine hits both alike.
     steps, floors = [], []
     for _ in range(cfg.repeats):
