@@ -182,6 +182,12 @@ class RowSparseSGD(_RowSparseOptimizer):
                              group["weight_decay"])
 
 
+def _bias_corrections(step: Tensor, lr: float, betas: tuple[float, float]) -> tuple[Tensor, Tensor]:
+    """AdamW's per-row bias corrections at step counts ``step (rows,)``: ``(−lr / (1 − β1^t), sqrt(1 − β2^t))``."""
+    beta1, beta2 = betas
+    return -lr / (1.0 - torch.pow(beta1, step)), (1.0 - torch.pow(beta2, step)).sqrt_()
+
+
 class RowSparseAdamW(_RowSparseOptimizer):
     """AdamW (decoupled weight decay) with per-row step counts, touching only the rows present.
 
@@ -217,20 +223,17 @@ class RowSparseAdamW(_RowSparseOptimizer):
         exp_avg, exp_avg_sq = state_rows["exp_avg"], state_rows["exp_avg_sq"]
         exp_avg.lerp_(grad, 1.0 - beta1)
         exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
-        bias1 = 1.0 - torch.pow(beta1, step)  # (rows,)
-        bias2_sqrt = (1.0 - torch.pow(beta2, step)).sqrt_()  # (rows,)
+        step_size, bias2_sqrt = _bias_corrections(step, lr, group["betas"])  # (rows,) each
         denom = torch.sqrt(exp_avg_sq, out=scratch).div_(bias2_sqrt[:, None].to(exp_avg_sq.dtype)).add_(eps)  # (rows, D)
-        param_rows.addcdiv_(exp_avg * (-lr / bias1)[:, None].to(exp_avg.dtype), denom)
+        param_rows.addcdiv_(exp_avg * step_size[:, None].to(exp_avg.dtype), denom)
 
     def _kernel_update(self, group, p, state, rows, grad) -> None:
-        beta1, beta2 = group["betas"]
         if rows is None:
             step = state["step"].add_(1.0)  # (N,)
         else:
             step = state["step"].index_select(0, rows).add_(1.0)  # (n,)
             state["step"].index_copy_(0, rows, step)
-        step_size = -group["lr"] / (1.0 - torch.pow(beta1, step))  # (n,) as _update's -lr / bias1
-        bias2_sqrt = (1.0 - torch.pow(beta2, step)).sqrt_()  # (n,)
+        step_size, bias2_sqrt = _bias_corrections(step, group["lr"], group["betas"])  # (n,) each
         cpu_kernels.adamw_rows(p.data, state["exp_avg"], state["exp_avg_sq"], grad, rows, step_size, bias2_sqrt,
                                group["lr"], group["betas"], group["eps"], group["weight_decay"])
 

@@ -323,25 +323,23 @@ class _MarginSoftmax(torch.autograd.Function):
         if ctx.tactic == "row_blocks" and cpu_kernels.usable(cos, inv_w, target_logit, slope, coef):
             cpu_kernels.softmax_backward(cos, inv_w, s, float(scale), target_logit.view(-1), slope.view(-1), target,
                                          row_max, coef, dot_w, dot_e)  # one pass per row, compiled
-            grad_emb, grad_weight = _cosine_products_backward(ctx, tuple(saved), cos, dot_w, dot_e)
-            ctx.buffers.give(cos)
-            return grad_emb, grad_weight, None, None, None, None, None, None
-        step = rows_per_block(classes, batch, ctx.tactic)
-        work = cos.new_empty((min(step, batch), classes))  # (step, C)
-        ones = cos.new_ones(min(step, batch))  # (step,)
-        for start in range(0, batch, step):
-            end = min(start + step, batch)
-            block = cos[start:end]  # (step, C) cosines
-            p = _block_logits(block, s, target_logit, here, col, start, work)
-            p.sub_(row_max[start:end, None]).exp_().mul_(coef[start:end, None])  # softmax / B
-            c = col[start:end]
-            p_t = p.gather(1, c)  # (step, 1)
-            g_t = torch.where(here[start:end], (p_t - scale) * slope[start:end], p_t * s)  # (step, 1)
-            g = p.mul_(s).scatter_(1, c, g_t)  # (step, C) ∂L/∂cos
-            prod = block.mul_(g)  # (step, C) g⊙cos over the cosines, which are no longer needed
-            dot_w.addmv_(prod.t(), ones[:end - start])  # column sums (see _NormalizedLinear)
-            torch.sum(prod, dim=1, out=dot_e[start:end])
-            torch.mul(g, inv_w, out=block)  # (step, C) G
+        else:
+            step = rows_per_block(classes, batch, ctx.tactic)
+            work = cos.new_empty((min(step, batch), classes))  # (step, C)
+            ones = cos.new_ones(min(step, batch))  # (step,)
+            for start in range(0, batch, step):
+                end = min(start + step, batch)
+                block = cos[start:end]  # (step, C) cosines
+                p = _block_logits(block, s, target_logit, here, col, start, work)
+                p.sub_(row_max[start:end, None]).exp_().mul_(coef[start:end, None])  # softmax / B
+                c = col[start:end]
+                p_t = p.gather(1, c)  # (step, 1)
+                g_t = torch.where(here[start:end], (p_t - scale) * slope[start:end], p_t * s)  # (step, 1)
+                g = p.mul_(s).scatter_(1, c, g_t)  # (step, C) ∂L/∂cos
+                prod = block.mul_(g)  # (step, C) g⊙cos over the cosines, which are no longer needed
+                dot_w.addmv_(prod.t(), ones[:end - start])  # column sums (see _NormalizedLinear)
+                torch.sum(prod, dim=1, out=dot_e[start:end])
+                torch.mul(g, inv_w, out=block)  # (step, C) G
         grad_emb, grad_weight = _cosine_products_backward(ctx, tuple(saved), cos, dot_w, dot_e)
         ctx.buffers.give(cos)  # no gradient refers to it: the next step may write its cosines there
         return grad_emb, grad_weight, None, None, None, None, None, None

@@ -126,7 +126,7 @@ def test_bad_arguments_name_what_is_wrong():
         cpu_kernels.sgd_rows(weight, torch.zeros(10, 3), grad, torch.tensor([0, 1]), 0.1, 0.9, 0.0)
     with pytest.raises(ValueError, match="a dense gradient of 2 rows for a weight of 10"):
         cpu_kernels.sgd_rows(weight, buf, grad, None, 0.1, 0.9, 0.0)
-    with pytest.raises(ValueError, match=r"step_size must be a contiguous fp32 CPU tensor of shape \(2,\)"):
+    with pytest.raises(ValueError, match=r"step_size must be a contiguous torch.float32 CPU tensor of shape \(2,\)"):
         cpu_kernels.adamw_rows(weight, buf, buf.clone(), grad, torch.tensor([0, 1]), torch.ones(3), torch.ones(2),
                                0.1, (0.9, 0.999), 1e-8, 0.0)
     cos, four = torch.zeros(2, 5), torch.zeros(2)

@@ -27,6 +27,7 @@ rank with several intra-op threads updates as torch's operations would, in paral
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -83,6 +84,15 @@ def _build(compiler: str, target: Path) -> None:
             os.unlink(tmp)
 
 
+@functools.lru_cache(maxsize=None)
+def _target(compiler: str, folder: Path) -> Path:
+    """The library's path in ``folder``: named by a hash of the source, the compiler, its flags and the machine
+    (read and hashed once per compiler and folder, not on every call of ``library``)."""
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join((compiler, *_FLAGS, platform.machine(),
+                                                            platform.system())).encode()).hexdigest()[:16]
+    return folder / f"cpu_kernels_{digest}.so"
+
+
 def library() -> ctypes.CDLL | None:
     """The loaded kernels (built first if needed), or None when they are switched off or cannot be built."""
     if os.environ.get(ENV_SWITCH, "1") == "0":
@@ -95,9 +105,7 @@ def library() -> ctypes.CDLL | None:
                         os.environ.get("CC") or "cc")
             _loaded[key] = None
         return None
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join((compiler, *_FLAGS, platform.machine(),
-                                                            platform.system())).encode()).hexdigest()[:16]
-    target = cache_dir() / f"cpu_kernels_{digest}.so"
+    target = _target(compiler, cache_dir())
     key = str(target)
     if key in _loaded:
         return _loaded[key]
@@ -135,6 +143,12 @@ def usable(*tensors: Tensor) -> bool:
             and library() is not None)
 
 
+def _check_rows(name: str, t: Tensor, n: int, dtype: torch.dtype = torch.float32) -> None:
+    if t.shape != (n,) or t.dtype != dtype or t.device.type != "cpu" or not t.is_contiguous():
+        raise ValueError(f"cpu_kernels: {name} must be a contiguous {dtype} CPU tensor of shape ({n},), got "
+                         f"{t.dtype} {tuple(t.shape)} on {t.device}")
+
+
 def _check(weight: Tensor, grad: Tensor, rows: Tensor | None, states: tuple[Tensor, ...]) -> int:
     """Shapes, dtypes and row bounds: a wrong index here would write outside the tensors. Returns ``n``."""
     if weight.dim() != 2 or grad.dim() != 2 or grad.shape[1] != weight.shape[1]:
@@ -152,9 +166,7 @@ def _check(weight: Tensor, grad: Tensor, rows: Tensor | None, states: tuple[Tens
         if n != weight.shape[0]:
             raise ValueError(f"cpu_kernels: a dense gradient of {n} rows for a weight of {weight.shape[0]}")
     else:
-        if rows.dtype != torch.int64 or rows.device.type != "cpu" or rows.shape != (n,) or not rows.is_contiguous():
-            raise ValueError(f"cpu_kernels: rows must be a contiguous int64 CPU tensor of shape ({n},), got "
-                             f"{rows.dtype} {tuple(rows.shape)}")
+        _check_rows("rows", rows, n, torch.int64)
         if n and not (int(rows.min()) >= 0 and int(rows.max()) < weight.shape[0]):
             raise ValueError(f"cpu_kernels: row indices in [{int(rows.min())}, {int(rows.max())}] outside "
                              f"[0, {weight.shape[0]})")
@@ -208,22 +220,14 @@ def adamw_rows(weight: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, grad: Tensor
     ``step_size = -lr / (1 - beta1^t)`` and ``bias2_sqrt = sqrt(1 - beta2^t)`` (each ``(n,)`` fp32)."""
     lib = _required()
     n = _check(weight, grad, rows, (exp_avg, exp_avg_sq))
-    for name, t in (("step_size", step_size), ("bias2_sqrt", bias2_sqrt)):
-        if t.shape != (n,) or t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous():
-            raise ValueError(f"cpu_kernels: {name} must be a contiguous fp32 CPU tensor of shape ({n},), got "
-                             f"{t.dtype} {tuple(t.shape)}")
+    _check_rows("step_size", step_size, n)
+    _check_rows("bias2_sqrt", bias2_sqrt, n)
     beta1, beta2 = betas
     args = (weight.data_ptr(), exp_avg.data_ptr(), exp_avg_sq.data_ptr(), grad.data_ptr(),
             None if rows is None else rows.data_ptr())
     _over_rows(lambda begin, end, _: lib.pfc_adamw_rows(*args, begin, end, weight.shape[1], step_size.data_ptr(),
                                                         bias2_sqrt.data_ptr(), 1.0 - lr * weight_decay, 1.0 - beta1,
                                                         beta2, 1.0 - beta2, eps), n, _parts(n))
-
-
-def _check_rows(name: str, t: Tensor, n: int, dtype: torch.dtype = torch.float32) -> None:
-    if t.shape != (n,) or t.dtype != dtype or t.device.type != "cpu" or not t.is_contiguous():
-        raise ValueError(f"cpu_kernels: {name} must be a contiguous {dtype} CPU tensor of shape ({n},), got "
-                         f"{t.dtype} {tuple(t.shape)} on {t.device}")
 
 
 def _check_cosines(cos: Tensor, inv_w: Tensor) -> tuple[int, int]:
