@@ -35,6 +35,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from backbones import get_model
+from backbones.memory_format import check_channels_last
 from dataset import DaliLoader, FaceDataLoader, build_dataset, get_dali_dataloader, get_dataloader
 from eval.callback import CallbackVerification
 from losses import build_margin
@@ -92,7 +93,10 @@ def build_backbone(cfg: Config, device: torch.device) -> nn.Module:
     if cfg.init_backbone:
         load_weights(model, cfg.init_backbone, network=cfg.network)
     model = model.to(device)
-    return model.to(memory_format=torch.channels_last) if cfg.channels_last else model
+    if not cfg.channels_last:
+        return model
+    check_channels_last(model, device, cfg.network)
+    return model.to(memory_format=torch.channels_last)
 
 
 def build_data(cfg: Config, rank: int, world_size: int, device: torch.device,
@@ -129,6 +133,9 @@ def build(cfg: Config, rank: int, world_size: int, device: torch.device, logger:
         if cfg.fp16:  # fp16 gradients on the wire: half the all-reduce traffic, as the reference
             wrapped.register_comm_hook(None, default_hooks.fp16_compress_hook)
     if cfg.compile:
+        if cfg.compile_backend == "inductor":  # it lays CPU convolutions out channels-last by itself
+            check_channels_last(backbone, device, cfg.network, setting="compile = True with compile_backend = "
+                                "'inductor'", remedy="set compile = False or compile_backend = 'aot_eager'")
         wrapped = torch.compile(wrapped, backend=cfg.compile_backend)
 
     head = PartialFC(build_margin(cfg), cfg.embedding_size, cfg.num_classes, cfg.sample_rate, seed=cfg.seed,

@@ -25,13 +25,16 @@ config.embedding_size = 512
 # Path of a backbone state_dict (.pt/.pth, e.g. an official model.pt) to start from, or None for random init.
 # Ignored when the run resumes from a checkpoint (the checkpoint's weights win).
 config.init_backbone = None
-# Store activations in channels-last memory format (faster convolutions on recent GPUs; same results).
+# Store activations in channels-last memory format (faster convolutions on recent GPUs; same results). Refused
+# on the CPU for backbones with a strided 1x1 convolution of fewer than 16 input channels (narrow `tiny`
+# widths), whose weight gradient oneDNN's CPU kernel computes out of bounds in that format.
 config.channels_last = False
 # Compile the backbone with torch.compile (faster steps on GPUs after a first slow step; same results up to
 # rounding). The saved weights and model.pt are the plain module's.
 config.compile = False
 # torch.compile backend when compile = True: "inductor" (generated kernels, the fast one) or another of
-# torch.compiler.list_backends(), e.g. "aot_eager" (traced, not code-generated: for debugging).
+# torch.compiler.list_backends(), e.g. "aot_eager" (traced, not code-generated: for debugging). On the CPU,
+# inductor lays convolutions out channels-last, so it is refused where channels_last is (see above).
 config.compile_backend = "inductor"
 
 # ---------------------------------------------------------------- margin loss

@@ -609,3 +609,24 @@ def test_full_precision_follows_the_parameter_dtype() -> None:
     with torch.no_grad():
         y = model(torch.randn(1, 3, 112, 112, dtype=torch.float64))
     assert y.dtype == torch.float64
+
+
+# ---------------------------------------------------------------------------------------- channels-last on the CPU
+def test_channels_last_hazards_are_the_narrow_strided_1x1_convolutions() -> None:
+    from backbones.memory_format import cpu_channels_last_hazards
+
+    narrow = cpu_channels_last_hazards(get_model("tiny", num_features=32, widths=(8, 16, 16, 32)))
+    assert narrow == ["layer1.0.downsample.0 (8 -> 8, 1x1, stride 2)", "layer2.0.downsample.0 (8 -> 16, 1x1, stride 2)"]
+    assert cpu_channels_last_hazards(get_model("tiny", num_features=32, widths=(16, 16, 16, 32))) == []
+    assert cpu_channels_last_hazards(get_model("r18", num_features=32)) == []
+    assert cpu_channels_last_hazards(get_model("mbf", num_features=32)) == []
+
+
+def test_channels_last_check_refuses_the_cpu_only() -> None:
+    from backbones.memory_format import check_channels_last
+
+    model = get_model("tiny", num_features=32, widths=(8, 16, 16, 32))
+    with pytest.raises(ValueError, match=r"network 'tiny'.*layer1\.0\.downsample\.0 \(8 -> 8.*channels_last = False"):
+        check_channels_last(model, torch.device("cpu"), "tiny")
+    check_channels_last(model, torch.device("cuda"), "tiny")  # other kernels there: allowed (nothing allocated)
+    check_channels_last(get_model("tiny", num_features=32, widths=(16, 16, 16, 32)), torch.device("cpu"), "tiny")

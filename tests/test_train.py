@@ -197,9 +197,9 @@ def test_a_missing_verification_file_is_skipped_on_every_rank(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_compile_key_trains_the_compiled_backbone_and_saves_the_plain_one(tmp_path):
-    # aot_eager: traced by dynamo and AOT autograd like inductor, without generated C++ kernels, whose CPU
-    # backward of this network crashes (SIGSEGV) under torch 2.14.1 on the CI machine's CPU; CUDA runs use
-    # inductor (tests/test_cuda.py).
+    # aot_eager: traced by dynamo and AOT autograd like inductor, without generated C++ kernels. Inductor lays
+    # this network's convolutions out channels-last on the CPU, which the trainer refuses for its narrow widths
+    # (the test below); CUDA runs use inductor (tests/test_cuda.py).
     proc = train(CONFIG, tmp_path, "compile=true", "compile_backend=aot_eager", "max_steps=3", "frequent=1",
                  "save_every_steps=3")
     log = (tmp_path / "training.log").read_text()
@@ -249,3 +249,40 @@ def test_model_json_describes_model_pt(two_rank_run):
                     "input_size": [112, 112], "normalisation": "RGB, (x - 127.5) / 127.5",
                     "fingerprint": card["fingerprint"], "step": 16}
     assert len(card["fingerprint"]) == 16
+
+
+# ---------------------------------------------------------------------------------------- channels-last
+WIDE_TINY = 'network_kwargs={"widths": (16, 16, 16, 32)}'  # no strided 1x1 convolution below 16 input channels
+
+
+@pytest.mark.timeout(240)
+def test_channels_last_trains_like_the_default_memory_format(tmp_path):
+    """README: channels_last changes the memory format only, so one step's weights match to rounding."""
+    runs = {}
+    for fmt in ("false", "true"):
+        train(CONFIG, tmp_path / fmt, WIDE_TINY, f"channels_last={fmt}", "max_steps=1", "save_every_steps=1")
+        runs[fmt] = load_model(tmp_path / fmt)
+    difference = max_difference(runs["false"], runs["true"])
+    # Other convolution kernels round differently (~1e-5 after one step at lr 0.1): 0 would mean that the
+    # key changed nothing.
+    assert 0 < difference <= 5e-5, difference
+
+
+@pytest.mark.timeout(120)
+def test_channels_last_is_refused_on_the_cpu_for_narrow_strided_convolutions(tmp_path):
+    proc = train(CONFIG, tmp_path, "channels_last=true", "max_steps=2", check=False, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if "ERROR" in line]
+    assert len(errors) == 1 and "layer1.0.downsample.0 (8 -> 8, 1x1, stride 2)" in errors[0], proc.stderr[-2000:]
+    assert "set channels_last = False" in errors[0]
+    assert not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.timeout(120)
+def test_inductor_is_refused_on_the_cpu_for_narrow_strided_convolutions(tmp_path):
+    proc = train(CONFIG, tmp_path, "compile=true", "max_steps=2", check=False, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if "ERROR" in line]
+    assert len(errors) == 1 and "compile = True with compile_backend = 'inductor' on the CPU" in errors[0], errors
+    assert "layer1.0.downsample.0 (8 -> 8, 1x1, stride 2)" in errors[0]
+    assert "set compile = False or compile_backend = 'aot_eager'" in errors[0]
