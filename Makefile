@@ -6,11 +6,12 @@ PY := $(VENV)/bin/python
 .PHONY: test demo bench gpu-check
 
 # pip byte-compiles the ~11,000 installed modules on one core (~30 s here); compileall does it on every
-# core. Like pip, it skips the few files written for newer Pythons (test helpers; hence `|| true`).
+# core, and leaves out what nothing here imports: the installed packages' own tests (~2,000 modules) and
+# pip/setuptools (24 s -> 15 s). Like pip, it skips the few files written for newer Pythons (hence `|| true`).
 $(VENV)/.installed: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --no-compile -r requirements.txt
-	$(PY) -m compileall -q -j 0 $(VENV)/lib >/dev/null 2>&1 || true
+	$(PY) -m compileall -q -j 0 -x '/tests?/|/site-packages/(pip|setuptools)/' $(VENV)/lib >/dev/null 2>&1 || true
 	touch $@
 
 # Runs the whole suite on the CPU (gloo). pytest's exit code 5 (nothing collected) is a failure too:

@@ -100,3 +100,32 @@ def test_demo_trains_and_verifies_bf16_only_where_the_cpu_computes_it(tmp_path, 
     assert ("--set" in train_cmd and train_cmd[train_cmd.index("--set") + 1] == "bf16=false") is not hardware_bf16
     said = "does not compute bfloat16 in hardware" in capsys.readouterr().out
     assert said is not hardware_bf16
+
+
+@pytest.mark.timeout(120)
+def test_the_makefile_venv_byte_compiles_every_installed_module_the_product_imports(tmp_path):
+    """`make` compiles the venv with compileall but leaves out installed packages' tests and pip/setuptools:
+    nothing the trainer, the verification, the demo, the plots or the tests import may be among them (under
+    PYTHONDONTWRITEBYTECODE, which some machines set, such a module would be compiled again by every process)."""
+    venv = ROOT / ".venv"
+    if not (venv / ".installed").exists() or sys.prefix != str(venv):
+        pytest.skip("runs in the .venv that `make` builds")
+    code = """
+import importlib.util, json, sys
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import onnx, onnxruntime, pytest, sklearn.metrics, torch.distributed.run, torch.utils.tensorboard
+import train, eval.verify, eval.ijb, scripts.demo, scripts.make_synthetic
+plt.figure().savefig(sys.argv[1])
+site = [p for p in sys.path if p.endswith("site-packages")][0]
+files = [getattr(m, "__file__", None) or "" for m in list(sys.modules.values())]
+print(json.dumps([f for f in files if f.startswith(site) and f.endswith(".py")
+                  and not __import__("os").path.exists(importlib.util.cache_from_source(f))]))
+"""
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "plot.png")], cwd=ROOT,
+                          env={**subprocess_env(), "PYTHONDONTWRITEBYTECODE": "1"}, capture_output=True, text=True,
+                          timeout=100)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    missing = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert missing == [], f"{len(missing)} imported modules without a .pyc, e.g. {missing[:5]}"
