@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from .checkpointing import maybe_checkpoint
+from .prelu import PReLU
 from .precision import full_precision
 from .registry import register_model
 
@@ -39,7 +40,7 @@ class IBasicBlock(nn.Module):
         self.bn1 = nn.BatchNorm2d(in_ch, eps=_BN_EPS)
         self.conv1 = _conv3x3(in_ch, out_ch)
         self.bn2 = nn.BatchNorm2d(out_ch, eps=_BN_EPS)
-        self.prelu = nn.PReLU(out_ch)
+        self.prelu = PReLU(out_ch)
         self.conv2 = _conv3x3(out_ch, out_ch, stride)
         self.bn3 = nn.BatchNorm2d(out_ch, eps=_BN_EPS)
         # The official layout has a projection exactly when the shape changes; the key ``downsample``
@@ -91,7 +92,7 @@ class IResNet(nn.Module):
 
         self.conv1 = _conv3x3(3, widths[0])
         self.bn1 = nn.BatchNorm2d(widths[0], eps=_BN_EPS)
-        self.prelu = nn.PReLU(widths[0])
+        self.prelu = PReLU(widths[0])
         in_ch = widths[0]
         for i, (n_blocks, out_ch) in enumerate(zip(layers, widths), start=1):
             blocks = [IBasicBlock(in_ch, out_ch, stride=2)]

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from .checkpointing import maybe_checkpoint
+from .prelu import PReLU
 from .precision import full_precision
 from .registry import register_model
 
@@ -35,7 +36,7 @@ class _ConvUnit(nn.Module):
             nn.BatchNorm2d(out_ch),
         ]
         if act:
-            units.append(nn.PReLU(out_ch))
+            units.append(PReLU(out_ch))
         self.layers = nn.Sequential(*units)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

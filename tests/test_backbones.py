@@ -630,3 +630,72 @@ def test_channels_last_check_refuses_the_cpu_only() -> None:
         check_channels_last(model, torch.device("cpu"), "tiny")
     check_channels_last(model, torch.device("cuda"), "tiny")  # other kernels there: allowed (nothing allocated)
     check_channels_last(get_model("tiny", num_features=32, widths=(16, 16, 16, 32)), torch.device("cpu"), "tiny")
+
+
+# ---------------------------------------------------------------------------------------- PReLU's CPU backward
+def _prelu_run(module: torch.nn.Module, x: torch.Tensor, autocast: bool):
+    """Output, input gradient, slope gradient and the backward's torch ops of one forward/backward."""
+    from torch.profiler import ProfilerActivity, profile
+
+    x = x.clone().requires_grad_()
+    module.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        y = module(x)
+    grad = torch.randn(y.shape, generator=torch.Generator().manual_seed(3)).to(y.dtype)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        y.backward(grad)
+    return y.detach(), x.grad, module.weight.grad, {e.key for e in prof.key_averages()}
+
+
+@pytest.mark.parametrize("dtype, autocast", [(torch.float32, False), (torch.float32, True),
+                                             (torch.bfloat16, True)])
+@pytest.mark.parametrize("slopes", [6, 1])
+def test_prelu_is_nn_prelu_with_a_compiled_cpu_backward(dtype, autocast, slopes):
+    from backbones.prelu import PReLU
+
+    torch.manual_seed(slopes)
+    theirs = torch.nn.PReLU(slopes)
+    theirs.weight.data.uniform_(0.05, 0.5)
+    ours = PReLU(slopes)
+    ours.load_state_dict(theirs.state_dict())
+    x = torch.randn(4, 6, 23, 23).to(dtype)
+    y0, gx0, gw0, ops0 = _prelu_run(theirs, x, autocast)
+    y1, gx1, gw1, ops1 = _prelu_run(ours, x, autocast)
+    assert "aten::_prelu_kernel_backward" in ops0 and "aten::_prelu_kernel_backward" not in ops1
+    assert torch.equal(y0, y1) and y1.dtype == y0.dtype
+    assert torch.equal(gx0, gx1) and gx1.dtype == dtype
+    # torch rounds the slopes' gradient to bf16 under autocast; ours stays fp32: compare at bf16's precision there
+    torch.testing.assert_close(gw1, gw0, rtol=1e-2 if autocast else 1e-5, atol=1e-3 if autocast else 1e-6)
+    assert gw1.dtype == torch.float32
+
+
+def test_prelu_takes_nn_prelu_s_path_where_the_kernel_does_not_apply(monkeypatch):
+    from backbones.prelu import PReLU
+    from utils import cpu_kernels
+
+    module = PReLU(6)
+    x = torch.randn(4, 6, 9, 9)
+    channels_last = x.contiguous(memory_format=torch.channels_last)
+    assert "aten::_prelu_kernel_backward" in _prelu_run(module, channels_last, False)[3]
+    monkeypatch.setenv(cpu_kernels.ENV_SWITCH, "0")
+    assert "aten::_prelu_kernel_backward" in _prelu_run(module, x, False)[3]
+    monkeypatch.setenv(cpu_kernels.ENV_SWITCH, "1")
+    with torch.no_grad():
+        assert torch.equal(module(x), torch.nn.functional.prelu(x, module.weight))
+    with pytest.raises(RuntimeError, match="Type promoting not supported"):  # as nn.PReLU, outside autocast
+        module(x.bfloat16().requires_grad_())
+
+
+def test_iresnet_step_is_the_same_with_and_without_the_compiled_prelu_backward(monkeypatch):
+    from utils import cpu_kernels
+
+    grads = {}
+    for mode in ("1", "0"):
+        monkeypatch.setenv(cpu_kernels.ENV_SWITCH, mode)
+        torch.manual_seed(0)
+        model = get_model("tiny", num_features=16, widths=(4, 8, 16, 16))
+        x = torch.randn(6, 3, 112, 112, generator=torch.Generator().manual_seed(1))
+        model(x).pow(2).sum().backward()
+        grads[mode] = {n: p.grad for n, p in model.named_parameters()}
+    for name, grad in grads["1"].items():
+        torch.testing.assert_close(grad, grads["0"][name], rtol=1e-4, atol=1e-5, msg=name)

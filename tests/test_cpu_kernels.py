@@ -172,7 +172,7 @@ def test_without_a_compiler_the_torch_operations_run(fresh_cache, monkeypatch, c
     with caplog.at_level(logging.INFO, logger="utils.cpu_kernels"):
         assert cpu_kernels.library() is None and cpu_kernels.library() is None
     said = [r.getMessage() for r in caplog.records]
-    assert said == ["CPU kernels: no C compiler (no-such-compiler-here); the head uses torch operations"]
+    assert said == ["CPU kernels: no C compiler (no-such-compiler-here); the head and PReLU use torch operations"]
     assert not cpu_kernels.usable(torch.zeros(2, 2))
     with pytest.raises(RuntimeError, match="the kernels are unavailable"):
         cpu_kernels.sgd_rows(torch.zeros(2, 2), torch.zeros(2, 2), torch.zeros(2, 2), None, 0.1, 0.9, 0.0)
@@ -273,3 +273,67 @@ def test_softmax_kernels_keep_a_nan_a_nan():
     cpu_kernels.softmax_backward(cos, inv_w, 64.0, 1 / 3, torch.zeros(3), torch.ones(3), target, row_max,
                                  torch.full((3,), 0.01), dot_w, dot_e)
     assert torch.isnan(dot_e[1]) and torch.isfinite(dot_e[[0, 2]]).all() and torch.isnan(dot_w).any()
+
+
+# ---------------------------------------------------------------------------------------- PReLU backward
+def _prelu_reference(x: torch.Tensor, grad: torch.Tensor, slopes: torch.Tensor):
+    """torch's own backward (the input's gradient, bits to match) and the slopes' gradient in float64."""
+    xx = x.clone().requires_grad_()
+    w = slopes.to(x.dtype).clone().requires_grad_()
+    torch.prelu(xx, w).backward(grad)
+    x64, g64 = x.double(), grad.double()
+    dims = [d for d in range(x.dim()) if d != 1]
+    terms = torch.where(x64 > 0, 0.0, x64 * g64)
+    gw64, size = terms.sum(dims), terms.abs().sum(dims)  # the sum, and the sum of its terms' magnitudes
+    if slopes.numel() == 1:
+        return xx.grad, gw64.sum().reshape(slopes.shape), size.sum().reshape(slopes.shape)
+    return xx.grad, gw64, size
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape, slopes", [((5, 3, 17, 19), 3), ((4, 16, 56, 56), 16), ((6, 7), 7), ((3, 5, 9), 1)])
+def test_prelu_backward_is_torch_s_for_the_input_and_exact_sums_for_the_slopes(dtype, shape, slopes):
+    """Spatial sizes not a multiple of the 16 lanes or the 256-value chunks; a 2-d input; one shared slope."""
+    g = torch.Generator().manual_seed(sum(shape))
+    x = torch.randn(shape, generator=g).to(dtype)
+    x.view(-1)[::7] = 0.0  # x = 0 takes the slope's branch: gradient w·g, and 0 towards the slope
+    grad = torch.randn(shape, generator=g).to(dtype)
+    w = (torch.rand(slopes, generator=g) * 0.5).to(dtype).float()  # the values a forward in `dtype` used
+    gx, gw = cpu_kernels.prelu_backward(x, grad, w)
+    want_gx, want_gw, size = _prelu_reference(x, grad, w)
+    assert gx.dtype == dtype and torch.equal(gx, want_gx)
+    assert gw.dtype == torch.float32 and gw.shape == w.shape
+    # fp32 lanes of 256 values, then double: within 1e-6 of the terms' magnitudes (cancellation can leave a
+    # small sum, so a relative bound on the sum itself would be meaningless)
+    assert ((gw.double() - want_gw).abs() <= 1e-6 * size).all(), (gw, want_gw)
+
+
+def test_prelu_backward_threads_and_nan():
+    g = torch.Generator().manual_seed(9)
+    x, grad, w = torch.randn(12, 4, 30, 30, generator=g), torch.randn(12, 4, 30, 30, generator=g), torch.rand(4)
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 3):  # images split over threads: the same input gradient, sums to rounding
+            torch.set_num_threads(threads)
+            results.append(cpu_kernels.prelu_backward(x, grad, w))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(results[0][0], results[1][0])
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-6, atol=0)
+    x[3, 2, 5, 5] = float("nan")  # a NaN input reaches both gradients, as in torch
+    gx, gw = cpu_kernels.prelu_backward(x, grad, w)
+    assert torch.isnan(gx[3, 2, 5, 5]) == torch.isnan(w[2] * grad[3, 2, 5, 5]) and torch.isnan(gw[2])
+    assert torch.isfinite(gw[[0, 1, 3]]).all()
+
+
+def test_prelu_backward_bad_arguments_name_what_is_wrong():
+    x = torch.randn(2, 3, 4, 4)
+    with pytest.raises(ValueError, match=r"gradient torch.float32 \(2, 3, 4, 5\) must match the input"):
+        cpu_kernels.prelu_backward(x, torch.randn(2, 3, 4, 5), torch.rand(3))
+    with pytest.raises(ValueError, match=r"2 PReLU slopes for 3 channels \(1 or 3 allowed\)"):
+        cpu_kernels.prelu_backward(x, torch.randn_like(x), torch.rand(2))
+    with pytest.raises(ValueError, match=r"the PReLU input must be a contiguous CPU tensor"):
+        cpu_kernels.prelu_backward(x.transpose(2, 3), torch.randn_like(x), torch.rand(3))
+    with pytest.raises(ValueError, match=r"fp32 or bf16, got torch.float64"):
+        cpu_kernels.prelu_backward(x.double(), torch.randn_like(x).double(), torch.rand(3))

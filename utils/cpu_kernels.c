@@ -1,5 +1,5 @@
-/* CPU loops of the head (see utils/cpu_kernels.py): the optimizers' row updates, one pass over each row, and
-   the fused margin-softmax's passes over its (B, C) cosines.
+/* CPU loops (see utils/cpu_kernels.py): the head's optimizer row updates, one pass over each row, and its fused
+   margin-softmax's passes over the (B, C) cosines; the backbone's PReLU backward, one pass over its input.
 
    torch runs these updates as several whole-tensor operations, each reading and writing every row again;
    here each row of weight, state and gradient is read once and written once. The arithmetic is torch's,
@@ -16,7 +16,7 @@
 #define CLONES
 #endif
 
-int64_t pfc_kernels_abi(void) { return 3; }
+int64_t pfc_kernels_abi(void) { return 4; }
 
 /* SGD with momentum and weight decay (torch.optim.SGD, dampening 0, no Nesterov) on rows [begin, end) of an
    n-row update of d values (the caller splits the rows between threads; rows are unique, so threads never
@@ -191,5 +191,46 @@ CLONES void pfc_softmax_backward(float *cos, const float *inv_w, int64_t c, floa
       for (int k = 0; k < LANES; ++k) total += lane[k];
     }
     dot_e[b] = (float)total;
+  }
+}
+
+/* PReLU's backward over images [begin, end) of an fp32 (N, c, hw) tensor, with torch's arithmetic: the input's
+   gradient is g where x > 0, else w[ch]·g (one rounding; a NaN x takes the second branch, as in torch); the
+   slope's gradient Σ x·g over the other values is added to gw[ch] (double), summed in LANES fixed lanes per
+   CHUNK of values, each chunk joining a double total. torch's own kernel makes several passes and a reduction
+   over a broadcast; this reads x and g once and writes gx once. */
+CLONES void pfc_prelu_backward(const float *x, const float *g, const float *w, int64_t c, int64_t hw, float *gx,
+                               double *gw, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) {
+    for (int64_t ch = 0; ch < c; ++ch) {
+      const int64_t offset = (i * c + ch) * hw;
+      const float *restrict xp = x + offset;
+      const float *restrict gp = g + offset;
+      float *restrict op = gx + offset;
+      const float a = w[ch];
+      float lane[LANES];
+      double total = 0.0;
+      for (int64_t chunk = 0; chunk < hw; chunk += CHUNK) {
+        const int64_t stop = chunk + CHUNK < hw ? chunk + CHUNK : hw;
+        for (int k = 0; k < LANES; ++k) lane[k] = 0.0f;
+        int64_t j = chunk;
+        for (; j + LANES <= stop; j += LANES) {
+          for (int k = 0; k < LANES; ++k) {
+            const float xv = xp[j + k], gv = gp[j + k];
+            const int positive = xv > 0.0f;
+            op[j + k] = positive ? gv : a * gv;
+            lane[k] += positive ? 0.0f : xv * gv;
+          }
+        }
+        for (; j < stop; ++j) {
+          const float xv = xp[j], gv = gp[j];
+          const int positive = xv > 0.0f;
+          op[j] = positive ? gv : a * gv;
+          lane[j % LANES] += positive ? 0.0f : xv * gv;
+        }
+        for (int k = 0; k < LANES; ++k) total += lane[k];
+      }
+      gw[ch] += total;
+    }
   }
 }

@@ -1,4 +1,4 @@
-"""Compiled CPU loops of the head: the optimizers' row updates and the fused margin-softmax's passes.
+"""Compiled CPU loops: the head's optimizer row updates and fused margin-softmax passes; the backbone's PReLU backward.
 
 Optimizers (``sgd_rows``, ``adamw_rows``): torch updates the rows of an SGD or AdamW step with several
 whole-tensor operations (and, for sampled rows, a gather before and a scatter after), so each row of weight and
@@ -14,6 +14,12 @@ Python. Here each row takes two passes forward and one backward, with a vectoris
 units in the last place (torch's: ~0.5), so the values agree with the torch operations to rounding, not to the
 bit. Sums run in 16 fixed lanes, so they do not depend on the CPU's vector width; the backward's column sums
 do depend on the number of threads (each thread sums its rows, then the threads' sums are added).
+
+PReLU backward (``prelu_backward``; ``backbones.prelu.PReLU``): torch's CPU kernel for the input's and the
+slope's gradients makes several passes and a reduction over a broadcast, ~5 ns per value here, about as long as
+the convolution around it at the demo's widths; the loop here reads the input and the gradient once and writes
+the input's gradient once (fp32 and bf16). The input's gradient is torch's, to the bit; the slope's gradient is
+summed in another order (float lanes, double totals), so it agrees to rounding.
 
 The C file is compiled on first use with the system's C compiler (``$CC``, else ``cc``) into
 ``$XDG_CACHE_HOME/partial_fc/cpu_kernels/`` (``~/.cache`` by default), named by a hash of the source, the
@@ -42,14 +48,14 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-__all__ = ["ENV_SWITCH", "SOURCE", "adamw_rows", "cache_dir", "library", "sgd_rows", "softmax_backward",
-           "softmax_forward", "usable"]
+__all__ = ["ENV_SWITCH", "SOURCE", "adamw_rows", "cache_dir", "library", "prelu_backward", "sgd_rows",
+           "softmax_backward", "softmax_forward", "usable"]
 
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_suffix(".c")
 ENV_SWITCH = "PFC_CPU_KERNELS"  # "0": never use the compiled kernels (the torch operations run instead)
-_ABI = 3  # pfc_kernels_abi() of the C file this module speaks to
+_ABI = 4  # pfc_kernels_abi() of the C file this module speaks to
 _FLAGS = ("-O3", "-shared", "-fPIC", "-ffp-contract=off", "-fno-math-errno", "-std=c11")
 
 _MIN_ROWS_PER_THREAD = 256  # smaller updates run on the calling thread
@@ -101,7 +107,7 @@ def library() -> ctypes.CDLL | None:
     if compiler is None:
         key = "no compiler"
         if key not in _loaded:
-            logger.info("CPU kernels: no C compiler (%s); the head uses torch operations",
+            logger.info("CPU kernels: no C compiler (%s); the head and PReLU use torch operations",
                         os.environ.get("CC") or "cc")
             _loaded[key] = None
         return None
@@ -118,7 +124,7 @@ def library() -> ctypes.CDLL | None:
             raise RuntimeError(f"{target} speaks ABI {lib.pfc_kernels_abi()}, expected {_ABI}")
         _declare(lib)
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-        logger.warning("CPU kernels unavailable (%s); the head uses torch operations", exc)
+        logger.warning("CPU kernels unavailable (%s); the head and PReLU use torch operations", exc)
         lib = None
     _loaded[key] = lib
     return lib
@@ -135,6 +141,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.pfc_softmax_forward.restype = None
     lib.pfc_softmax_backward.argtypes = [p, p, i64, f32, f32, p, p, p, p, p, p, p, i64, i64]
     lib.pfc_softmax_backward.restype = None
+    lib.pfc_prelu_backward.argtypes = [p, p, p, i64, i64, p, p, i64, i64]
+    lib.pfc_prelu_backward.restype = None
 
 
 def usable(*tensors: Tensor) -> bool:
@@ -276,3 +284,33 @@ def softmax_backward(cos: Tensor, inv_w: Tensor, s: float, scale: float, target_
                                                                  begin, end), batch, parts)
     for extra in sums[1:]:
         dot_w.add_(extra)
+
+
+def prelu_backward(x: Tensor, grad: Tensor, slopes: Tensor) -> tuple[Tensor, Tensor]:
+    """PReLU's gradients for ``x (N, C, ...)`` and the upstream ``grad`` (same shape and dtype: contiguous fp32
+    or bf16 CPU tensors) with the forward's slopes ``slopes`` (``(C,)`` or ``(1,)`` fp32, holding the values the
+    forward used: bf16-rounded for a bf16 forward). Returns the input's gradient (like ``x``) and the slopes'
+    (fp32, shaped like ``slopes``). bf16 goes through fp32 copies (torch's conversions; the products of bf16
+    values are exact in fp32, so the input's gradient rounds to torch's bits)."""
+    lib = _required()
+    if x.dim() < 2 or x.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"cpu_kernels: PReLU input must be (N, C, ...) fp32 or bf16, got {x.dtype} {tuple(x.shape)}")
+    for name, t in (("input", x), ("gradient", grad)):
+        if t.device.type != "cpu" or not t.is_contiguous():
+            raise ValueError(f"cpu_kernels: the PReLU {name} must be a contiguous CPU tensor, got {t.device} "
+                             f"(contiguous: {t.is_contiguous()})")
+    if grad.shape != x.shape or grad.dtype != x.dtype:
+        raise ValueError(f"cpu_kernels: PReLU gradient {grad.dtype} {tuple(grad.shape)} must match the input "
+                         f"{x.dtype} {tuple(x.shape)}")
+    n, c = x.shape[0], x.shape[1]
+    if slopes.numel() not in (1, c):
+        raise ValueError(f"cpu_kernels: {slopes.numel()} PReLU slopes for {c} channels (1 or {c} allowed)")
+    per_channel = slopes.detach().float().reshape(-1).expand(c).contiguous()
+    x32, grad32 = x.float(), grad.float()  # no copy for fp32
+    gx = torch.empty_like(x32)
+    parts = _parts(n, 1)
+    sums = torch.zeros(parts, c, dtype=torch.float64)  # each thread's per-channel sums, added in order below
+    args = (x32.data_ptr(), grad32.data_ptr(), per_channel.data_ptr(), c, x[0, 0].numel(), gx.data_ptr())
+    _over_rows(lambda begin, end, part: lib.pfc_prelu_backward(*args, sums[part].data_ptr(), begin, end), n, parts)
+    total = sums.sum(0)
+    return gx.to(x.dtype), (total.sum() if slopes.numel() == 1 else total).float().reshape(slopes.shape)
