@@ -16,7 +16,7 @@
 #define CLONES
 #endif
 
-int64_t pfc_kernels_abi(void) { return 4; }
+int64_t pfc_kernels_abi(void) { return 5; }
 
 /* SGD with momentum and weight decay (torch.optim.SGD, dampening 0, no Nesterov) on rows [begin, end) of an
    n-row update of d values (the caller splits the rows between threads; rows are unique, so threads never
@@ -233,4 +233,73 @@ CLONES void pfc_prelu_backward(const float *x, const float *g, const float *w, i
       gw[ch] += total;
     }
   }
+}
+
+/* bfloat16 <-> float as torch converts them: the upper 16 bits; rounding to nearest even, a NaN to 0x7FC0. */
+static inline float pfc_bf16_to_f32(uint16_t v) {
+  const uint32_t bits = (uint32_t)v << 16;
+  float f;
+  __builtin_memcpy(&f, &bits, sizeof f);
+  return f;
+}
+static inline uint16_t pfc_f32_to_bf16(float f) {
+  uint32_t bits;
+  __builtin_memcpy(&bits, &f, sizeof bits);
+  const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+  return (uint16_t)(f != f ? 0x7FC0u : rounded);
+}
+
+/* pfc_prelu_backward for bf16 x, g and gx: each CHUNK is widened into float buffers (exact), then the same
+   arithmetic and the same lane sums as the fp32 loop, gx rounded to nearest even as torch rounds it. The
+   widening, the rounding and the sums are separate loops, so each vectorises; the narrowing store needs
+   AVX-512BW on x86 (every x86 CPU with bf16 arithmetic has it), hence a version built for it, chosen at run
+   time, beside the plain one (GCC's target_clones cannot name AVX-512BW). */
+static inline __attribute__((always_inline)) void pfc_prelu_bf16_body(
+    const uint16_t *x, const uint16_t *g, const float *w, int64_t c, int64_t hw, uint16_t *gx, double *gw,
+    int64_t begin, int64_t end) {
+  float xf[CHUNK], gf[CHUNK], lane[LANES];
+  for (int64_t i = begin; i < end; ++i) {
+    for (int64_t ch = 0; ch < c; ++ch) {
+      const int64_t offset = (i * c + ch) * hw;
+      const uint16_t *restrict xp = x + offset;
+      const uint16_t *restrict gp = g + offset;
+      uint16_t *restrict op = gx + offset;
+      const float a = w[ch];
+      double total = 0.0;
+      for (int64_t chunk = 0; chunk < hw; chunk += CHUNK) {
+        const int64_t len = chunk + CHUNK < hw ? CHUNK : hw - chunk;
+        for (int64_t j = 0; j < len; ++j) {
+          xf[j] = pfc_bf16_to_f32(xp[chunk + j]);
+          gf[j] = pfc_bf16_to_f32(gp[chunk + j]);
+        }
+        for (int64_t j = 0; j < len; ++j) op[chunk + j] = pfc_f32_to_bf16(xf[j] > 0.0f ? gf[j] : a * gf[j]);
+        for (int k = 0; k < LANES; ++k) lane[k] = 0.0f;
+        int64_t j = 0;
+        for (; j + LANES <= len; j += LANES)
+          for (int k = 0; k < LANES; ++k) lane[k] += xf[j + k] > 0.0f ? 0.0f : xf[j + k] * gf[j + k];
+        for (; j < len; ++j) lane[j % LANES] += xf[j] > 0.0f ? 0.0f : xf[j] * gf[j];
+        for (int k = 0; k < LANES; ++k) total += lane[k];
+      }
+      gw[ch] += total;
+    }
+  }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx512f,avx512bw"))) static void pfc_prelu_bf16_avx512bw(
+    const uint16_t *x, const uint16_t *g, const float *w, int64_t c, int64_t hw, uint16_t *gx, double *gw,
+    int64_t begin, int64_t end) {
+  pfc_prelu_bf16_body(x, g, w, c, hw, gx, gw, begin, end);
+}
+#endif
+
+void pfc_prelu_backward_bf16(const uint16_t *x, const uint16_t *g, const float *w, int64_t c, int64_t hw,
+                             uint16_t *gx, double *gw, int64_t begin, int64_t end) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (__builtin_cpu_supports("avx512bw")) {
+    pfc_prelu_bf16_avx512bw(x, g, w, c, hw, gx, gw, begin, end);
+    return;
+  }
+#endif
+  pfc_prelu_bf16_body(x, g, w, c, hw, gx, gw, begin, end);
 }

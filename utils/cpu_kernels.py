@@ -55,7 +55,7 @@ logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_suffix(".c")
 ENV_SWITCH = "PFC_CPU_KERNELS"  # "0": never use the compiled kernels (the torch operations run instead)
-_ABI = 4  # pfc_kernels_abi() of the C file this module speaks to
+_ABI = 5  # pfc_kernels_abi() of the C file this module speaks to
 _FLAGS = ("-O3", "-shared", "-fPIC", "-ffp-contract=off", "-fno-math-errno", "-std=c11")
 
 _MIN_ROWS_PER_THREAD = 256  # smaller updates run on the calling thread
@@ -141,8 +141,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.pfc_softmax_forward.restype = None
     lib.pfc_softmax_backward.argtypes = [p, p, i64, f32, f32, p, p, p, p, p, p, p, i64, i64]
     lib.pfc_softmax_backward.restype = None
-    lib.pfc_prelu_backward.argtypes = [p, p, p, i64, i64, p, p, i64, i64]
-    lib.pfc_prelu_backward.restype = None
+    for name in ("pfc_prelu_backward", "pfc_prelu_backward_bf16"):
+        getattr(lib, name).argtypes = [p, p, p, i64, i64, p, p, i64, i64]
+        getattr(lib, name).restype = None
 
 
 def usable(*tensors: Tensor) -> bool:
@@ -290,8 +291,8 @@ def prelu_backward(x: Tensor, grad: Tensor, slopes: Tensor) -> tuple[Tensor, Ten
     """PReLU's gradients for ``x (N, C, ...)`` and the upstream ``grad`` (same shape and dtype: contiguous fp32
     or bf16 CPU tensors) with the forward's slopes ``slopes`` (``(C,)`` or ``(1,)`` fp32, holding the values the
     forward used: bf16-rounded for a bf16 forward). Returns the input's gradient (like ``x``) and the slopes'
-    (fp32, shaped like ``slopes``). bf16 goes through fp32 copies (torch's conversions; the products of bf16
-    values are exact in fp32, so the input's gradient rounds to torch's bits)."""
+    (fp32, shaped like ``slopes``). bf16 values are widened to fp32 inside the loop, and the input's gradient is
+    rounded to bf16 as torch rounds it."""
     lib = _required()
     if x.dim() < 2 or x.dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"cpu_kernels: PReLU input must be (N, C, ...) fp32 or bf16, got {x.dtype} {tuple(x.shape)}")
@@ -306,11 +307,11 @@ def prelu_backward(x: Tensor, grad: Tensor, slopes: Tensor) -> tuple[Tensor, Ten
     if slopes.numel() not in (1, c):
         raise ValueError(f"cpu_kernels: {slopes.numel()} PReLU slopes for {c} channels (1 or {c} allowed)")
     per_channel = slopes.detach().float().reshape(-1).expand(c).contiguous()
-    x32, grad32 = x.float(), grad.float()  # no copy for fp32
-    gx = torch.empty_like(x32)
+    gx = torch.empty_like(x)
     parts = _parts(n, 1)
     sums = torch.zeros(parts, c, dtype=torch.float64)  # each thread's per-channel sums, added in order below
-    args = (x32.data_ptr(), grad32.data_ptr(), per_channel.data_ptr(), c, x[0, 0].numel(), gx.data_ptr())
-    _over_rows(lambda begin, end, part: lib.pfc_prelu_backward(*args, sums[part].data_ptr(), begin, end), n, parts)
+    kernel = lib.pfc_prelu_backward_bf16 if x.dtype == torch.bfloat16 else lib.pfc_prelu_backward
+    args = (x.data_ptr(), grad.data_ptr(), per_channel.data_ptr(), c, x[0, 0].numel(), gx.data_ptr())
+    _over_rows(lambda begin, end, part: kernel(*args, sums[part].data_ptr(), begin, end), n, parts)
     total = sums.sum(0)
-    return gx.to(x.dtype), (total.sum() if slopes.numel() == 1 else total).float().reshape(slopes.shape)
+    return gx, (total.sum() if slopes.numel() == 1 else total).float().reshape(slopes.shape)
