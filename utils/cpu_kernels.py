@@ -59,7 +59,7 @@ _ABI = 5  # pfc_kernels_abi() of the C file this module speaks to
 _FLAGS = ("-O3", "-shared", "-fPIC", "-ffp-contract=off", "-fno-math-errno", "-std=c11")
 
 _MIN_ROWS_PER_THREAD = 256  # smaller updates run on the calling thread
-_loaded: dict[str, ctypes.CDLL | None] = {}  # library path -> the loaded library, or None when it failed
+_loaded: dict[str | tuple, ctypes.CDLL | None] = {}  # library path (or environment) -> the library, or None
 _pool: tuple[ThreadPoolExecutor, int] | None = None  # the pool and its number of threads
 
 
@@ -103,6 +103,15 @@ def library() -> ctypes.CDLL | None:
     """The loaded kernels (built first if needed), or None when they are switched off or cannot be built."""
     if os.environ.get(ENV_SWITCH, "1") == "0":
         return None
+    # Called on every PReLU and head call: once resolved for this environment, no file-system lookups.
+    environment = ("environment", os.environ.get("CC"), os.environ.get("PATH"), os.environ.get("XDG_CACHE_HOME"),
+                   os.environ.get("HOME"))
+    if environment not in _loaded:
+        _loaded[environment] = _resolve()
+    return _loaded[environment]
+
+
+def _resolve() -> ctypes.CDLL | None:
     compiler = _compiler()
     if compiler is None:
         key = "no compiler"
