@@ -226,3 +226,28 @@ def test_a_skipped_step_leaves_adaface_statistics_as_they_were():
     assert before and all(torch.equal(v, dict(head.named_buffers())[k]) for k, v in before.items())
     trainer.optimizer_step(job, state, _batch(0, 2))
     assert not all(torch.equal(v, dict(head.named_buffers())[k]) for k, v in before.items())  # a good step moves them
+
+
+@pytest.mark.parametrize("name", ["sgd", "adamw"])
+def test_the_backbone_optimizer_runs_foreach_with_the_single_tensor_bits(name):
+    """build_optimizers asks torch for its foreach updates (torch picks them itself on CUDA only): one operation per
+    step over all tensors on the CPU too, with the same values as the loop over tensors."""
+    from backbones import get_model
+    from losses import ArcFace
+    from optimizers import build_optimizers
+    from partial_fc import PartialFC
+
+    weights = []
+    for foreach in (True, False):
+        torch.manual_seed(0)
+        model = get_model("tiny", num_features=16, widths=(2, 8, 8, 16))
+        opt, _ = build_optimizers(name, model.parameters(), PartialFC(ArcFace(), 16, 10, 1.0), 0.1, 0.9, 5e-4)
+        assert opt.defaults["foreach"] is True
+        opt.defaults["foreach"] = opt.param_groups[0]["foreach"] = foreach
+        g = torch.Generator().manual_seed(1)
+        for _ in range(3):
+            for p in model.parameters():
+                p.grad = torch.randn(p.shape, generator=g)
+            opt.step()
+        weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert torch.equal(weights[0], weights[1])
