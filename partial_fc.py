@@ -188,7 +188,8 @@ def _cosine_products_backward(ctx, saved: tuple, scaled: Tensor, dot_w: Tensor,
         if fp32:
             # −coef·W written once, then the product accumulated onto it: one pass over (C, D) fewer
             # than a product followed by addcmul_. The gathered rows are this step's own copy: reuse it.
-            values = rows.mul_(coef.neg_()) if index is not None else torch.mul(rows, coef.neg_())
+            values = (rows.mul_(coef.neg_()) if index is not None
+                      else torch.mul(rows, coef.neg_(), out=_dense_gradient_memory(ctx, rows.shape)))
             values.addmm_(scaled.t(), e_hat)  # (C, D)
         else:
             values = torch.mm(scaled.t().to(cd), e_hat.to(cd)).float()  # (C, D)
@@ -200,8 +201,21 @@ def _cosine_products_backward(ctx, saved: tuple, scaled: Tensor, dot_w: Tensor,
             grad_weight = torch.sparse_coo_tensor(index[None], values, ctx.weight_shape,
                                                   is_coalesced=True, check_invariants=False)  # (N, K·D)
         else:
-            grad_weight = values.new_zeros(ctx.weight_shape).index_copy_(0, index, values)  # (N, K·D)
+            memory = _dense_gradient_memory(ctx, ctx.weight_shape)
+            zeros = values.new_zeros(ctx.weight_shape) if memory is None else memory.zero_()
+            grad_weight = zeros.index_copy_(0, index, values)  # (N, K·D)
     return grad_emb, grad_weight
+
+
+def _dense_gradient_memory(ctx, shape: torch.Size | tuple[int, ...]) -> Tensor | None:
+    """Memory for a dense ``(rows, D)`` weight gradient of ``shape``: last step's gradient, when the head keeps
+    it (a ``_Buffer`` in ``ctx.gradient_buffer``, on a CPU) and it is no longer the weight's ``.grad``; else None
+    (allocate). A fresh gradient of a whole shard costs its page faults again every step on a CPU (~1 s per GiB
+    here); the head gives each step's gradient to the buffer once it is accumulated (``PartialFC``)."""
+    buffer = getattr(ctx, "gradient_buffer", None)
+    if buffer is None:
+        return None
+    return buffer.take(tuple(shape), ctx.weight_param.device, busy=ctx.weight_param.grad)
 
 
 class _NormalizedLinear(torch.autograd.Function):
@@ -281,8 +295,10 @@ class _MarginSoftmax(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, emb: Tensor, weight: Tensor, index: Tensor | None, target: Tensor, margin,
-                tactic: str, sparse: bool, buffers: "_Buffer") -> Tensor:
+                tactic: str, sparse: bool, buffers: "_Buffer", gradient_buffer: "_Buffer | None" = None) -> Tensor:
         classes = weight.shape[0] if index is None else index.shape[0]
+        if gradient_buffer is not None and weight.device.type == "cpu":  # a dense weight gradient reuses memory
+            ctx.gradient_buffer, ctx.weight_param = gradient_buffer, weight
         out = buffers.take((emb.shape[0], classes), emb.device)
         cos, _, ctx.compute_dtype, saved = _cosine_products(emb, weight, index, out)  # cos: (B, C) still unscaled
         inv_w = saved[4]
@@ -342,28 +358,35 @@ class _MarginSoftmax(torch.autograd.Function):
                 torch.mul(g, inv_w, out=block)  # (step, C) G
         grad_emb, grad_weight = _cosine_products_backward(ctx, tuple(saved), cos, dot_w, dot_e)
         ctx.buffers.give(cos)  # no gradient refers to it: the next step may write its cosines there
-        return grad_emb, grad_weight, None, None, None, None, None, None
+        return grad_emb, grad_weight, None, None, None, None, None, None, None
 
 
 class _Buffer:
-    """One spare fp32 tensor for the head's ``(B, C)`` cosines on a CPU, reused from step to step.
+    """One spare fp32 tensor on a CPU, reused from step to step: for the head's ``(B, C)`` cosines, and for a
+    dense ``(rows, D)`` weight gradient (sample rate 1, or ``update = "all"``).
 
     A fresh tensor of tens or hundreds of megabytes costs its page faults again every step on a CPU (glibc maps
     every allocation over 32 MiB anew). On an accelerator the caching allocator already reuses memory, and a
-    tensor kept between steps would only stay out of the backbone's reach, so nothing is kept there. ``take`` hands out the spare (viewed to the shape) when it is large
-    enough and on the device, else a fresh tensor, and keeps nothing; ``give`` (at the end of the backward
-    that used it, when no gradient refers to it) makes a tensor the spare. A forward that never gets its
-    backward (no_grad, a dropped graph) never gives its tensor back, and two forwards before their backwards
-    get two tensors, so a tensor is never shared by two live steps.
+    tensor kept between steps would only stay out of the backbone's reach, so nothing is kept there. ``take``
+    hands out the spare (viewed to the shape) when it is large enough and on the device, else a fresh tensor,
+    and keeps nothing; ``give`` makes a tensor the spare: the cosines at the end of the backward that used them
+    (no gradient refers to them), the weight gradient once accumulated (``take`` refuses it while it is still
+    the weight's ``.grad``). A forward that never gets its backward (no_grad, a dropped graph) never gives its
+    tensor back, and two forwards before their backwards get two tensors, so a tensor is never shared by two
+    live steps.
     """
 
     def __init__(self) -> None:
         self.spare: Tensor | None = None
 
-    def take(self, shape: tuple[int, int], device: torch.device) -> Tensor:
+    def take(self, shape: tuple[int, int], device: torch.device, busy: Tensor | None = None) -> Tensor:
+        """The spare viewed to ``shape`` (it is no longer kept), or a fresh tensor. A spare whose memory ``busy``
+        still uses is not handed out (it stays the spare)."""
         spare, self.spare = self.spare, None
         numel = shape[0] * shape[1]
-        if spare is not None and spare.device == device and spare.numel() >= numel:
+        if spare is not None and busy is not None and busy.data_ptr() == spare.data_ptr():
+            self.spare = spare
+        elif spare is not None and spare.device == device and spare.numel() >= numel:
             return spare.view(-1)[:numel].view(shape)
         return torch.empty(shape, device=device)
 
@@ -458,7 +481,9 @@ class PartialFC(nn.Module):
         self.weight = nn.Parameter(rows.view(self.num_local, sub_centers * embedding_size))  # (num_local, K·D)
         self._grad_rows = -1  # rows of the last step's sparse weight gradient
         self._cosine_buffer = _Buffer()  # the fused head's (B, C) cosines, reused between steps
+        self._gradient_buffer = _Buffer()  # a dense weight gradient's memory, reused between steps (CPU)
         self.weight.register_post_accumulate_grad_hook(self._keep_coalesced)
+        self.weight.register_post_accumulate_grad_hook(self._keep_dense_gradient)
 
     def _keep_coalesced(self, weight: nn.Parameter) -> None:
         """autograd stores the head's sparse gradient (sorted, unique rows: coalesced) as a new tensor without
@@ -469,6 +494,15 @@ class PartialFC(nn.Module):
         if grad is not None and grad.is_sparse and not grad.is_coalesced() and grad._nnz() == self._grad_rows:
             weight.grad = torch.sparse_coo_tensor(grad._indices(), grad._values(), grad.shape, is_coalesced=True,
                                                   check_invariants=False)
+
+    def _keep_dense_gradient(self, weight: nn.Parameter) -> None:
+        """Keep a dense CPU gradient's memory for the next step's fused backward (``_dense_gradient_memory``):
+        when the optimizer's ``zero_grad(set_to_none=True)`` drops it, its pages stay mapped. The next step
+        writes its own gradient there, so a ``weight.grad`` must not be read after the next backward (as with
+        any gradient reset between steps). Sparse gradients and other devices keep nothing."""
+        grad = weight.grad
+        if grad is not None and not grad.is_sparse:
+            self._gradient_buffer.give(grad)
 
     def extra_repr(self) -> str:
         return (f"embedding_size={self.embedding_size}, num_classes={self.num_classes}, "
@@ -565,7 +599,7 @@ class PartialFC(nn.Module):
         sparse = self.update == "sampled"
         if self.sub_centers == 1 and getattr(self.margin_loss, "target_only_scale", lambda: None)() is not None:
             return _MarginSoftmax.apply(embeddings, self.weight, index, target, self.margin_loss, tactic, sparse,
-                                        self._cosine_buffer)
+                                        self._cosine_buffer, self._gradient_buffer)
         cos, norms = _NormalizedLinear.apply(embeddings, self.weight, index, tactic,
                                              sparse)  # (B_global, C_s·K) fp32, (B_global,)
         if self.sub_centers > 1:

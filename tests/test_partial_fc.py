@@ -642,3 +642,47 @@ def test_fused_head_reuses_its_cosine_buffer_only_between_finished_steps():
     torch.testing.assert_close(a.grad, ref_grads[0][0])
     torch.testing.assert_close(b.grad, ref_grads[1][0])
     torch.testing.assert_close(both.weight.grad, ref_grads[0][1] + ref_grads[1][1])
+
+
+@pytest.mark.parametrize("sample_rate, update", [(1.0, "sampled"), (0.5, "all")])
+def test_a_dense_weight_gradient_reuses_last_step_s_memory_on_the_cpu(sample_rate, update):
+    """With a dense head gradient (sample rate 1, or update = "all") the fused backward writes each step's
+    gradient into the memory of the last one once the optimizer dropped it (zero_grad(set_to_none=True)); the
+    updates are those of a head that allocates every gradient anew (``fixed_ops``, the GPU tactic)."""
+    heads, pointers = {}, []
+    for tactic in ("row_blocks", "fixed_ops"):
+        torch.manual_seed(0)  # the same batches and the same sampling seeds for both
+        batches = [(torch.randn(6, 8), torch.randint(0, 40, (6,))) for _ in range(4)]
+        head = PartialFC(CosFace(s=16.0), 8, 40, sample_rate, seed=1, update=update)
+        head.tactic = tactic
+        opt = build_head_optimizer(head, "sgd", lr=0.1)
+        for emb, labels in batches:
+            head(emb, labels).backward()
+            if tactic == "row_blocks":
+                pointers.append(head.weight.grad.data_ptr())
+                assert head._gradient_buffer.spare is head.weight.grad  # kept past zero_grad below
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        heads[tactic] = head
+    assert len(set(pointers)) == 1, pointers  # one gradient's memory, step after step
+    # the tactics round their sums differently (tests/test_tactics.py): to fp32 rounding after four steps
+    torch.testing.assert_close(heads["row_blocks"].weight, heads["fixed_ops"].weight, rtol=1e-5, atol=1e-5)
+
+
+def test_a_kept_gradient_is_never_overwritten_while_it_is_still_the_weight_s_grad():
+    """Accumulation (two backwards, no zero_grad) and zero_grad(set_to_none=False): the next backward finds
+    its spare still in use as ``weight.grad``, so it takes fresh memory and the gradients add up."""
+    torch.manual_seed(0)
+    (e1, l1), (e2, l2) = [(torch.randn(6, 8), torch.randint(0, 40, (6,))) for _ in range(2)]
+    separate = []
+    for emb, labels in ((e1, l1), (e2, l2)):
+        head = PartialFC(CosFace(s=16.0), 8, 40, 1.0, seed=1)
+        head(emb, labels).backward()
+        separate.append(head.weight.grad.clone())
+    head = PartialFC(CosFace(s=16.0), 8, 40, 1.0, seed=1)
+    head(e1, l1).backward()
+    head(e2, l2).backward()  # accumulates onto weight.grad, which is also the spare
+    torch.testing.assert_close(head.weight.grad, separate[0] + separate[1], rtol=1e-6, atol=1e-7)
+    head.weight.grad.zero_()  # zero_grad(set_to_none=False)
+    head(e2, l2).backward()
+    torch.testing.assert_close(head.weight.grad, separate[1], rtol=1e-6, atol=1e-7)
