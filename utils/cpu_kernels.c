@@ -194,11 +194,25 @@ CLONES void pfc_softmax_backward(float *cos, const float *inv_w, int64_t c, floa
   }
 }
 
+/* PReLU's slope gradient over one CHUNK (len <= CHUNK values) of a plane: Σ x·g over the values with x not
+   above 0, in LANES fixed lanes (lane = index mod LANES), the lanes added in order to the double `total`. */
+static inline __attribute__((always_inline)) double pfc_prelu_slope_sum(double total, const float *restrict x,
+                                                                         const float *restrict g, int64_t len) {
+  float lane[LANES];
+  for (int k = 0; k < LANES; ++k) lane[k] = 0.0f;
+  int64_t j = 0;
+  for (; j + LANES <= len; j += LANES)
+    for (int k = 0; k < LANES; ++k) lane[k] += x[j + k] > 0.0f ? 0.0f : x[j + k] * g[j + k];
+  for (; j < len; ++j) lane[j % LANES] += x[j] > 0.0f ? 0.0f : x[j] * g[j];
+  for (int k = 0; k < LANES; ++k) total += lane[k];
+  return total;
+}
+
 /* PReLU's backward over images [begin, end) of an fp32 (N, c, hw) tensor, with torch's arithmetic: the input's
    gradient is g where x > 0, else w[ch]·g (one rounding; a NaN x takes the second branch, as in torch); the
-   slope's gradient Σ x·g over the other values is added to gw[ch] (double), summed in LANES fixed lanes per
-   CHUNK of values, each chunk joining a double total. torch's own kernel makes several passes and a reduction
-   over a broadcast; this reads x and g once and writes gx once. */
+   slope's gradient (pfc_prelu_slope_sum per CHUNK) is added to gw[ch] (double). torch's own kernel makes
+   several passes and a reduction over a broadcast; this reads x and g once from memory (the sum rereads the
+   chunk from L1) and writes gx once. */
 CLONES void pfc_prelu_backward(const float *x, const float *g, const float *w, int64_t c, int64_t hw, float *gx,
                                double *gw, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) {
@@ -208,27 +222,11 @@ CLONES void pfc_prelu_backward(const float *x, const float *g, const float *w, i
       const float *restrict gp = g + offset;
       float *restrict op = gx + offset;
       const float a = w[ch];
-      float lane[LANES];
       double total = 0.0;
       for (int64_t chunk = 0; chunk < hw; chunk += CHUNK) {
-        const int64_t stop = chunk + CHUNK < hw ? chunk + CHUNK : hw;
-        for (int k = 0; k < LANES; ++k) lane[k] = 0.0f;
-        int64_t j = chunk;
-        for (; j + LANES <= stop; j += LANES) {
-          for (int k = 0; k < LANES; ++k) {
-            const float xv = xp[j + k], gv = gp[j + k];
-            const int positive = xv > 0.0f;
-            op[j + k] = positive ? gv : a * gv;
-            lane[k] += positive ? 0.0f : xv * gv;
-          }
-        }
-        for (; j < stop; ++j) {
-          const float xv = xp[j], gv = gp[j];
-          const int positive = xv > 0.0f;
-          op[j] = positive ? gv : a * gv;
-          lane[j % LANES] += positive ? 0.0f : xv * gv;
-        }
-        for (int k = 0; k < LANES; ++k) total += lane[k];
+        const int64_t len = chunk + CHUNK < hw ? CHUNK : hw - chunk;
+        for (int64_t j = chunk; j < chunk + len; ++j) op[j] = xp[j] > 0.0f ? gp[j] : a * gp[j];
+        total = pfc_prelu_slope_sum(total, xp + chunk, gp + chunk, len);
       }
       gw[ch] += total;
     }
@@ -250,14 +248,14 @@ static inline uint16_t pfc_f32_to_bf16(float f) {
 }
 
 /* pfc_prelu_backward for bf16 x, g and gx: each CHUNK is widened into float buffers (exact), then the same
-   arithmetic and the same lane sums as the fp32 loop, gx rounded to nearest even as torch rounds it. The
-   widening, the rounding and the sums are separate loops, so each vectorises; the narrowing store needs
+   arithmetic and the same slope sum as the fp32 loop, gx rounded to nearest even as torch rounds it. The
+   widening, the rounding and the sum are separate loops, so each vectorises; the narrowing store needs
    AVX-512BW on x86 (every x86 CPU with bf16 arithmetic has it), hence a version built for it, chosen at run
    time, beside the plain one (GCC's target_clones cannot name AVX-512BW). */
 static inline __attribute__((always_inline)) void pfc_prelu_bf16_body(
     const uint16_t *x, const uint16_t *g, const float *w, int64_t c, int64_t hw, uint16_t *gx, double *gw,
     int64_t begin, int64_t end) {
-  float xf[CHUNK], gf[CHUNK], lane[LANES];
+  float xf[CHUNK], gf[CHUNK];
   for (int64_t i = begin; i < end; ++i) {
     for (int64_t ch = 0; ch < c; ++ch) {
       const int64_t offset = (i * c + ch) * hw;
@@ -273,12 +271,7 @@ static inline __attribute__((always_inline)) void pfc_prelu_bf16_body(
           gf[j] = pfc_bf16_to_f32(gp[chunk + j]);
         }
         for (int64_t j = 0; j < len; ++j) op[chunk + j] = pfc_f32_to_bf16(xf[j] > 0.0f ? gf[j] : a * gf[j]);
-        for (int k = 0; k < LANES; ++k) lane[k] = 0.0f;
-        int64_t j = 0;
-        for (; j + LANES <= len; j += LANES)
-          for (int k = 0; k < LANES; ++k) lane[k] += xf[j + k] > 0.0f ? 0.0f : xf[j + k] * gf[j + k];
-        for (; j < len; ++j) lane[j % LANES] += xf[j] > 0.0f ? 0.0f : xf[j] * gf[j];
-        for (int k = 0; k < LANES; ++k) total += lane[k];
+        total = pfc_prelu_slope_sum(total, xf, gf, len);
       }
       gw[ch] += total;
     }

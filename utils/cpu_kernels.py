@@ -33,7 +33,6 @@ rank with several intra-op threads updates as torch's operations would, in paral
 from __future__ import annotations
 
 import ctypes
-import functools
 import hashlib
 import logging
 import os
@@ -90,10 +89,9 @@ def _build(compiler: str, target: Path) -> None:
             os.unlink(tmp)
 
 
-@functools.lru_cache(maxsize=None)
 def _target(compiler: str, folder: Path) -> Path:
     """The library's path in ``folder``: named by a hash of the source, the compiler, its flags and the machine
-    (read and hashed once per compiler and folder, not on every call of ``library``)."""
+    (read and hashed once per environment: ``library`` keeps what it resolved)."""
     digest = hashlib.sha256(SOURCE.read_bytes() + " ".join((compiler, *_FLAGS, platform.machine(),
                                                             platform.system())).encode()).hexdigest()[:16]
     return folder / f"cpu_kernels_{digest}.so"
