@@ -207,6 +207,12 @@ def _cosine_products_backward(ctx, saved: tuple, scaled: Tensor, dot_w: Tensor,
     return grad_emb, grad_weight
 
 
+def _keep_gradient_memory(ctx, weight: Tensor, gradient_buffer: "_Buffer | None") -> None:
+    """Let this step's backward write a dense weight gradient into ``gradient_buffer``'s memory (on a CPU)."""
+    if gradient_buffer is not None and weight.device.type == "cpu":
+        ctx.gradient_buffer, ctx.weight_param = gradient_buffer, weight
+
+
 def _dense_gradient_memory(ctx, shape: torch.Size | tuple[int, ...]) -> Tensor | None:
     """Memory for a dense ``(rows, D)`` weight gradient of ``shape``: last step's gradient, when the head keeps
     it (a ``_Buffer`` in ``ctx.gradient_buffer``, on a CPU) and it is no longer the weight's ``.grad``; else None
@@ -246,7 +252,8 @@ class _NormalizedLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, emb: Tensor, weight: Tensor, index: Tensor | None, tactic: str,
-                sparse: bool) -> tuple[Tensor, Tensor]:
+                sparse: bool, gradient_buffer: "_Buffer | None" = None) -> tuple[Tensor, Tensor]:
+        _keep_gradient_memory(ctx, weight, gradient_buffer)
         cos, e_norm, ctx.compute_dtype, saved = _cosine_products(emb, weight, index)
         cos.mul_(saved[4][None, :])  # (B, C) times 1/|W| per column
         ctx.tactic = tactic
@@ -270,7 +277,7 @@ class _NormalizedLinear(torch.autograd.Function):
             torch.sum(block, dim=1, out=dot_e[start: start + step])
             torch.mul(grad[start: start + step], inv_w[None, :], out=block)  # (step, C) G
         grad_emb, grad_weight = _cosine_products_backward(ctx, tuple(saved), cos, dot_w, dot_e)
-        return grad_emb, grad_weight, None, None, None
+        return grad_emb, grad_weight, None, None, None, None
 
 
 class _MarginSoftmax(torch.autograd.Function):
@@ -297,8 +304,7 @@ class _MarginSoftmax(torch.autograd.Function):
     def forward(ctx, emb: Tensor, weight: Tensor, index: Tensor | None, target: Tensor, margin,
                 tactic: str, sparse: bool, buffers: "_Buffer", gradient_buffer: "_Buffer | None" = None) -> Tensor:
         classes = weight.shape[0] if index is None else index.shape[0]
-        if gradient_buffer is not None and weight.device.type == "cpu":  # a dense weight gradient reuses memory
-            ctx.gradient_buffer, ctx.weight_param = gradient_buffer, weight
+        _keep_gradient_memory(ctx, weight, gradient_buffer)
         out = buffers.take((emb.shape[0], classes), emb.device)
         cos, _, ctx.compute_dtype, saved = _cosine_products(emb, weight, index, out)  # cos: (B, C) still unscaled
         inv_w = saved[4]
@@ -600,8 +606,8 @@ class PartialFC(nn.Module):
         if self.sub_centers == 1 and getattr(self.margin_loss, "target_only_scale", lambda: None)() is not None:
             return _MarginSoftmax.apply(embeddings, self.weight, index, target, self.margin_loss, tactic, sparse,
                                         self._cosine_buffer, self._gradient_buffer)
-        cos, norms = _NormalizedLinear.apply(embeddings, self.weight, index, tactic,
-                                             sparse)  # (B_global, C_s·K) fp32, (B_global,)
+        cos, norms = _NormalizedLinear.apply(embeddings, self.weight, index, tactic, sparse,
+                                             self._gradient_buffer)  # (B_global, C_s·K) fp32, (B_global,)
         if self.sub_centers > 1:
             # A class's cosine is its closest centre's; the gradient goes to that centre (split between exact ties).
             cos = cos.view(cos.shape[0], -1, self.sub_centers).amax(dim=2)  # (B_global, C_s)

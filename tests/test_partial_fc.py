@@ -644,16 +644,18 @@ def test_fused_head_reuses_its_cosine_buffer_only_between_finished_steps():
     torch.testing.assert_close(both.weight.grad, ref_grads[0][1] + ref_grads[1][1])
 
 
-@pytest.mark.parametrize("sample_rate, update", [(1.0, "sampled"), (0.5, "all")])
-def test_a_dense_weight_gradient_reuses_last_step_s_memory_on_the_cpu(sample_rate, update):
-    """With a dense head gradient (sample rate 1, or update = "all") the fused backward writes each step's
-    gradient into the memory of the last one once the optimizer dropped it (zero_grad(set_to_none=True)); the
-    updates are those of a head that allocates every gradient anew (``fixed_ops``, the GPU tactic)."""
+@pytest.mark.parametrize("sample_rate, update, sub_centers", [(1.0, "sampled", 1), (0.5, "all", 1),
+                                                              (1.0, "sampled", 2)])
+def test_a_dense_weight_gradient_reuses_last_step_s_memory_on_the_cpu(sample_rate, update, sub_centers):
+    """With a dense head gradient (sample rate 1, or update = "all") the backward (fused, or the unfused one of
+    sub-centres) writes each step's gradient into the memory of the last one once the optimizer dropped it
+    (zero_grad(set_to_none=True)); the updates are those of a head that allocates every gradient anew
+    (``fixed_ops``, the GPU tactic)."""
     heads, pointers = {}, []
     for tactic in ("row_blocks", "fixed_ops"):
         torch.manual_seed(0)  # the same batches and the same sampling seeds for both
         batches = [(torch.randn(6, 8), torch.randint(0, 40, (6,))) for _ in range(4)]
-        head = PartialFC(CosFace(s=16.0), 8, 40, sample_rate, seed=1, update=update)
+        head = PartialFC(CosFace(s=16.0), 8, 40, sample_rate, seed=1, update=update, sub_centers=sub_centers)
         head.tactic = tactic
         opt = build_head_optimizer(head, "sgd", lr=0.1)
         for emb, labels in batches:
