@@ -502,7 +502,7 @@ class PartialFC(nn.Module):
                                                   check_invariants=False)
 
     def _keep_dense_gradient(self, weight: nn.Parameter) -> None:
-        """Keep a dense CPU gradient's memory for the next step's fused backward (``_dense_gradient_memory``):
+        """Keep a dense CPU gradient's memory for the next step's backward (``_dense_gradient_memory``):
         when the optimizer's ``zero_grad(set_to_none=True)`` drops it, its pages stay mapped. The next step
         writes its own gradient there, so a ``weight.grad`` must not be read after the next backward (as with
         any gradient reset between steps). Sparse gradients and other devices keep nothing."""
