@@ -137,21 +137,22 @@ def _sampling_keys(class_ids: Tensor, seed: Tensor) -> Tensor:
     return (hashed << 32) | class_ids
 
 
-def _cosine_products(emb: Tensor, weight: Tensor, index: Tensor | None,
-                     out: Tensor | None = None) -> tuple[Tensor, Tensor, torch.dtype, tuple]:
+def _cosine_products(emb: Tensor, weight: Tensor, index: Tensor | None, out: Tensor | None = None,
+                     rows_out: Tensor | None = None) -> tuple[Tensor, Tensor, torch.dtype, tuple]:
     """The forward half both head functions share: ``(prod, e_norm, compute_dtype, saved)``.
 
     ``prod (B, C·K)`` fp32 is ``ê @ Wᵀ`` for the rows ``index`` of ``weight`` (all rows for ``None``), not yet
     divided by the centre norms (the caller scales it by ``saved``'s ``inv_w`` in place, so the normalised
     weight is never materialised); ``e_norm (B,)`` fp32. The product runs in the ambient autocast dtype
     (bf16/fp16 operands, fp32 accumulation), everything else in fp32; into ``out`` (fp32, the product's
-    shape) when given. ``saved`` is what
+    shape) when given. The rows ``index`` are gathered into ``rows_out`` (fp32 ``(len(index), K·D)``) when
+    given. ``saved`` is what
     ``_cosine_products_backward`` needs: ``(e_hat, rows, index, inv_e, inv_w, e_ok, w_ok)``.
     """
     device_type = emb.device.type
     compute_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else torch.float32
     with torch.autocast(device_type, enabled=False):
-        rows = weight if index is None else weight.index_select(0, index)  # (C, K·D)
+        rows = weight if index is None else torch.index_select(weight, 0, index, out=rows_out)  # (C, K·D)
         rows = rows.view(-1, emb.shape[1])  # (C·K, D) one centre per row
         emb = emb.float()
         e_norm = torch.linalg.vector_norm(emb, dim=1)  # (B,)
@@ -204,13 +205,29 @@ def _cosine_products_backward(ctx, saved: tuple, scaled: Tensor, dot_w: Tensor,
             memory = _dense_gradient_memory(ctx, ctx.weight_shape)
             zeros = values.new_zeros(ctx.weight_shape) if memory is None else memory.zero_()
             grad_weight = zeros.index_copy_(0, index, values)  # (N, K·D)
+            if getattr(ctx, "rows_buffer", None) is not None:
+                ctx.rows_buffer.give(values)  # copied into the dense gradient: the next step may gather there
     return grad_emb, grad_weight
 
 
-def _keep_gradient_memory(ctx, weight: Tensor, gradient_buffer: "_Buffer | None") -> None:
-    """Let this step's backward write a dense weight gradient into ``gradient_buffer``'s memory (on a CPU)."""
-    if gradient_buffer is not None and weight.device.type == "cpu":
+def _keep_gradient_memory(ctx, weight: Tensor, gradient_buffer: "_Buffer | None", rows_buffer: "_Buffer | None",
+                          index: Tensor | None) -> Tensor | None:
+    """On a CPU, let this step's backward write a dense weight gradient into ``gradient_buffer``'s memory, and
+    return the memory this step's sampled rows ``index`` are gathered into: ``rows_buffer``'s spare (the last
+    step's sparse gradient values, or its gathered rows) unless it is still in use as the weight's ``.grad``.
+    None (allocate) elsewhere, without an index or without the buffers. A fresh tensor of the sampled rows costs
+    its page faults every step on a CPU (~50–120 ms a step at 50k rows × 512 with two ranks here, against ~20 ms
+    for the gather itself)."""
+    if weight.device.type != "cpu":
+        return None
+    if gradient_buffer is not None:
         ctx.gradient_buffer, ctx.weight_param = gradient_buffer, weight
+    if rows_buffer is None or index is None:
+        return None
+    ctx.rows_buffer = rows_buffer
+    grad = weight.grad
+    busy = grad._values() if grad is not None and grad.is_sparse else grad
+    return rows_buffer.take((index.shape[0], weight.shape[1]), weight.device, busy=busy)
 
 
 def _dense_gradient_memory(ctx, shape: torch.Size | tuple[int, ...]) -> Tensor | None:
@@ -251,10 +268,10 @@ class _NormalizedLinear(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, emb: Tensor, weight: Tensor, index: Tensor | None, tactic: str,
-                sparse: bool, gradient_buffer: "_Buffer | None" = None) -> tuple[Tensor, Tensor]:
-        _keep_gradient_memory(ctx, weight, gradient_buffer)
-        cos, e_norm, ctx.compute_dtype, saved = _cosine_products(emb, weight, index)
+    def forward(ctx, emb: Tensor, weight: Tensor, index: Tensor | None, tactic: str, sparse: bool,
+                gradient_buffer: "_Buffer | None" = None, rows_buffer: "_Buffer | None" = None) -> tuple[Tensor, Tensor]:
+        rows_out = _keep_gradient_memory(ctx, weight, gradient_buffer, rows_buffer, index)
+        cos, e_norm, ctx.compute_dtype, saved = _cosine_products(emb, weight, index, rows_out=rows_out)
         cos.mul_(saved[4][None, :])  # (B, C) times 1/|W| per column
         ctx.tactic = tactic
         ctx.sparse = sparse
@@ -277,7 +294,7 @@ class _NormalizedLinear(torch.autograd.Function):
             torch.sum(block, dim=1, out=dot_e[start: start + step])
             torch.mul(grad[start: start + step], inv_w[None, :], out=block)  # (step, C) G
         grad_emb, grad_weight = _cosine_products_backward(ctx, tuple(saved), cos, dot_w, dot_e)
-        return grad_emb, grad_weight, None, None, None, None
+        return grad_emb, grad_weight, None, None, None, None, None
 
 
 class _MarginSoftmax(torch.autograd.Function):
@@ -302,11 +319,12 @@ class _MarginSoftmax(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, emb: Tensor, weight: Tensor, index: Tensor | None, target: Tensor, margin,
-                tactic: str, sparse: bool, buffers: "_Buffer", gradient_buffer: "_Buffer | None" = None) -> Tensor:
+                tactic: str, sparse: bool, buffers: "_Buffer", gradient_buffer: "_Buffer | None" = None,
+                rows_buffer: "_Buffer | None" = None) -> Tensor:
         classes = weight.shape[0] if index is None else index.shape[0]
-        _keep_gradient_memory(ctx, weight, gradient_buffer)
+        rows_out = _keep_gradient_memory(ctx, weight, gradient_buffer, rows_buffer, index)
         out = buffers.take((emb.shape[0], classes), emb.device)
-        cos, _, ctx.compute_dtype, saved = _cosine_products(emb, weight, index, out)  # cos: (B, C) still unscaled
+        cos, _, ctx.compute_dtype, saved = _cosine_products(emb, weight, index, out, rows_out)  # cos: (B, C) unscaled
         inv_w = saved[4]
         batch, classes = cos.shape
         s = margin.target_only_scale()
@@ -364,7 +382,7 @@ class _MarginSoftmax(torch.autograd.Function):
                 torch.mul(g, inv_w, out=block)  # (step, C) G
         grad_emb, grad_weight = _cosine_products_backward(ctx, tuple(saved), cos, dot_w, dot_e)
         ctx.buffers.give(cos)  # no gradient refers to it: the next step may write its cosines there
-        return grad_emb, grad_weight, None, None, None, None, None, None, None
+        return grad_emb, grad_weight, None, None, None, None, None, None, None, None
 
 
 class _Buffer:
@@ -488,27 +506,33 @@ class PartialFC(nn.Module):
         self._grad_rows = -1  # rows of the last step's sparse weight gradient
         self._cosine_buffer = _Buffer()  # the fused head's (B, C) cosines, reused between steps
         self._gradient_buffer = _Buffer()  # a dense weight gradient's memory, reused between steps (CPU)
-        self.weight.register_post_accumulate_grad_hook(self._keep_coalesced)
-        self.weight.register_post_accumulate_grad_hook(self._keep_dense_gradient)
+        self._rows_buffer = _Buffer()  # the sampled rows' memory (sparse gradient values), reused (CPU)
+        self.weight.register_post_accumulate_grad_hook(self._after_accumulate)
 
-    def _keep_coalesced(self, weight: nn.Parameter) -> None:
-        """autograd stores the head's sparse gradient (sorted, unique rows: coalesced) as a new tensor without
-        that mark, and coalescing it again would sort and copy every row (and, on a GPU, read its size on the
-        host). When ``weight.grad`` is exactly one step's gradient, not a sum of micro-batches (whose rows
-        would number more), mark it again; the indices and values are shared, not copied."""
-        grad = weight.grad
-        if grad is not None and grad.is_sparse and not grad.is_coalesced() and grad._nnz() == self._grad_rows:
-            weight.grad = torch.sparse_coo_tensor(grad._indices(), grad._values(), grad.shape, is_coalesced=True,
-                                                  check_invariants=False)
+    def _after_accumulate(self, weight: nn.Parameter) -> None:
+        """Once the weight's gradient is accumulated:
 
-    def _keep_dense_gradient(self, weight: nn.Parameter) -> None:
-        """Keep a dense CPU gradient's memory for the next step's backward (``_dense_gradient_memory``):
-        when the optimizer's ``zero_grad(set_to_none=True)`` drops it, its pages stay mapped. The next step
-        writes its own gradient there, so a ``weight.grad`` must not be read after the next backward (as with
-        any gradient reset between steps). Sparse gradients and other devices keep nothing."""
+        - A sparse gradient: autograd stores it (sorted, unique rows: coalesced) as a new tensor without that
+          mark, and coalescing it again would sort and copy every row (and, on a GPU, read its size on the
+          host). When ``weight.grad`` is exactly one step's gradient, not a sum of micro-batches (whose rows
+          would number more), mark it again; the indices and values are shared, not copied.
+        - Keep a CPU gradient's memory for the next step (``_keep_gradient_memory``): a dense one for the
+          next backward's dense gradient, a sparse one's values for the next forward's gathered rows. When
+          the optimizer's ``zero_grad(set_to_none=True)`` drops the gradient, its pages stay mapped and the
+          next step writes there, so a gradient must not be read after the next step has begun (as with any
+          gradient reset between steps); while it is still ``weight.grad`` (accumulation,
+          ``zero_grad(set_to_none=False)``) the next step takes fresh memory. Other devices keep nothing.
+        """
         grad = weight.grad
-        if grad is not None and not grad.is_sparse:
+        if grad is None:
+            return
+        if not grad.is_sparse:
             self._gradient_buffer.give(grad)
+            return
+        if not grad.is_coalesced() and grad._nnz() == self._grad_rows:
+            weight.grad = grad = torch.sparse_coo_tensor(grad._indices(), grad._values(), grad.shape,
+                                                         is_coalesced=True, check_invariants=False)
+        self._rows_buffer.give(grad._values())
 
     def extra_repr(self) -> str:
         return (f"embedding_size={self.embedding_size}, num_classes={self.num_classes}, "
@@ -546,20 +570,27 @@ class PartialFC(nn.Module):
             raise ValueError("PartialFC.forward: the global batch is empty (0 samples on every rank)")
         return batch
 
-    def _sample(self, local: Tensor, in_shard: Tensor) -> Tensor:
+    def _sample(self, local: Tensor, in_shard: Tensor, tactic: str = "fixed_ops") -> Tensor:
         """Sorted local rows used this step: every positive plus uniformly drawn negatives, ``(k,)`` with
         ``k = sample_size(num_local, sample_rate, positives)``.
 
         A fixed number of operations. The number of positives is read on the host (the step's second and
         last synchronisation) only when it can exceed the sample, i.e. when ``int(sample_rate · num_local)``
-        is smaller than the global batch (e.g. positive-only sampling); otherwise the size is known.
+        is smaller than the global batch (e.g. positive-only sampling); otherwise the size is known. With the
+        CPU tactic (``row_blocks``) one compiled call chooses them (``utils.cpu_kernels.sample_rows``, the
+        same rows).
         """
         device = self.weight.device
         # One draw from the global (CPU) torch RNG per step on every rank keeps the RNG streams aligned;
         # the seed travels to the device without a synchronisation.
-        seed = torch.randint(0, _M31, (1,)).to(device, non_blocking=True)  # (1,)
+        seed = torch.randint(0, _M31, (1,))  # (1,) on the CPU
+        if (tactic == "row_blocks" and device.type == "cpu" and self.class_start + self.num_local <= 2**32
+                and cpu_kernels.library() is not None):
+            # The same rows from one compiled call: keys, positives, selection, in row order.
+            return cpu_kernels.sample_rows(self.class_start, self.num_local, int(seed), local[in_shard],
+                                           int(self.sample_rate * self.num_local))
         ids = torch.arange(self.class_start, self.class_start + self.num_local, device=device)  # (num_local,)
-        keys = _sampling_keys(ids, seed)  # (num_local,) distinct, below 2^62
+        keys = _sampling_keys(ids, seed.to(device, non_blocking=True))  # (num_local,) distinct, below 2^62
         # Positives go first: 2^62 lifts them above every other key.
         rows = local.clamp(0, self.num_local - 1)  # (B_global,)
         keys.scatter_reduce_(0, rows, keys.gather(0, rows) + torch.where(in_shard, _LIFT, 0), reduce="amax")
@@ -594,7 +625,7 @@ class PartialFC(nn.Module):
         local = labels - self.class_start  # (B_global,)
         in_shard = (local >= 0) & (local < self.num_local)  # (B_global,)
         if self.sample_rate < 1.0:
-            index = self._sample(local, in_shard)  # (C_s,) sorted; sparse weight grad on these rows
+            index = self._sample(local, in_shard, tactic)  # (C_s,) sorted; sparse weight grad on these rows
             self._grad_rows = index.shape[0]
             column = torch.searchsorted(index, local.clamp(0, self.num_local - 1))  # (B_global,)
             target = torch.where(in_shard, column, -1)  # (B_global,)
@@ -605,9 +636,9 @@ class PartialFC(nn.Module):
         sparse = self.update == "sampled"
         if self.sub_centers == 1 and getattr(self.margin_loss, "target_only_scale", lambda: None)() is not None:
             return _MarginSoftmax.apply(embeddings, self.weight, index, target, self.margin_loss, tactic, sparse,
-                                        self._cosine_buffer, self._gradient_buffer)
-        cos, norms = _NormalizedLinear.apply(embeddings, self.weight, index, tactic, sparse,
-                                             self._gradient_buffer)  # (B_global, C_s·K) fp32, (B_global,)
+                                        self._cosine_buffer, self._gradient_buffer, self._rows_buffer)
+        cos, norms = _NormalizedLinear.apply(embeddings, self.weight, index, tactic, sparse, self._gradient_buffer,
+                                             self._rows_buffer)  # (B_global, C_s·K) fp32, (B_global,)
         if self.sub_centers > 1:
             # A class's cosine is its closest centre's; the gradient goes to that centre (split between exact ties).
             cos = cos.view(cos.shape[0], -1, self.sub_centers).amax(dim=2)  # (B_global, C_s)

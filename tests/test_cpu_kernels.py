@@ -337,3 +337,71 @@ def test_prelu_backward_bad_arguments_name_what_is_wrong():
         cpu_kernels.prelu_backward(x.transpose(2, 3), torch.randn_like(x), torch.rand(3))
     with pytest.raises(ValueError, match=r"fp32 or bf16, got torch.float64"):
         cpu_kernels.prelu_backward(x.double(), torch.randn_like(x).double(), torch.rand(3))
+
+
+def _torch_and_kernel_samples(num_local, rate, class_start, local, in_shard, seed):
+    """``PartialFC._sample``'s rows by the torch operations (``fixed_ops``) and by the kernel (``row_blocks``)
+    for the same RNG state."""
+    from losses import ArcFace
+    from partial_fc import PartialFC
+
+    head = PartialFC(ArcFace(), 4, num_local, sample_rate=rate)
+    head.class_start = class_start  # a later rank's shard: only the class ids change
+    out = []
+    for tactic in ("fixed_ops", "row_blocks"):
+        torch.manual_seed(seed)
+        out.append(head._sample(local, in_shard, tactic))
+    return out
+
+
+@pytest.mark.parametrize("num_local, rate, class_start, batch", [
+    (1000, 0.1, 0, 64), (1000, 0.5, 123_457, 300), (70_001, 0.1, 0, 256), (70_001, 0.9, 2**31 - 70_001, 40),
+    (9, 0.3, 5, 40), (1, 0.5, 7, 3), (500, 1e-4, 0, 40), (300, 0.05, 2**32 - 300, 1000), (2000, 0.999, 11, 0)])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sample_rows_are_the_torch_operations_rows(num_local, rate, class_start, batch, seed):
+    """The same rows as the keys, lift, topk and sort in torch: few and many classes, more positives than the
+    sample (positive-only sampling, rate 1e-4), every class a positive, repeated positives, ids near 2^31 and
+    2^32, an empty batch."""
+    g = torch.Generator().manual_seed(seed)
+    local = torch.randint(-5, num_local + 5, (batch,), generator=g)  # a few on other ranks' shards
+    local[: batch // 4] = local[batch // 4: 2 * (batch // 4)]  # repeats
+    in_shard = (local >= 0) & (local < num_local)
+    expected, got = _torch_and_kernel_samples(num_local, rate, class_start, local, in_shard, seed)
+    assert got.dtype == torch.int64 and torch.equal(got, expected)
+    assert set(local[in_shard].tolist()) <= set(got.tolist())
+
+
+def test_sample_rows_bad_arguments_name_what_is_wrong():
+    none = torch.zeros(0, dtype=torch.int64)
+    for args in ((-1, 4, 0, none, 1), (0, 0, 0, none, 1), (0, 4, 2**31, none, 1), (2**32 - 1, 4, 0, none, 1),
+                 (0, 4, 0, none, -1)):
+        with pytest.raises(ValueError, match=r"sampling needs 0 <= class_start, 1 <= num_local, class ids below "
+                                             r"2\^32, a seed in \[0, 2\^31\) and k_base >= 0; got "):
+            cpu_kernels.sample_rows(*args)
+    with pytest.raises(ValueError, match=r"positive rows in \[2, 4\] outside \[0, 4\)"):
+        cpu_kernels.sample_rows(0, 4, 0, torch.tensor([2, 4]), 2)
+    with pytest.raises(ValueError, match="positives must be a contiguous torch.int64"):
+        cpu_kernels.sample_rows(0, 4, 0, torch.tensor([2.0]), 2)
+
+
+def test_the_head_samples_with_the_kernel_only_with_the_cpu_tactic(monkeypatch):
+    from losses import ArcFace
+    from partial_fc import PartialFC
+
+    head = PartialFC(ArcFace(), 8, 5003, sample_rate=0.1)
+    g = torch.Generator().manual_seed(3)
+    local = torch.randint(0, head.num_local, (40,), generator=g)
+    in_shard = torch.rand(40, generator=g) < 0.7
+    calls = []
+    real = cpu_kernels.sample_rows
+    monkeypatch.setattr(cpu_kernels, "sample_rows", lambda *a: (calls.append(a), real(*a))[1])
+    chosen = []
+    for switch in ("1", "0"):
+        monkeypatch.setenv(cpu_kernels.ENV_SWITCH, switch)
+        for tactic in ("row_blocks", "fixed_ops"):
+            torch.manual_seed(11)
+            chosen.append([head._sample(local, in_shard, tactic) for _ in range(3)])
+    assert len(calls) == 3  # the kernel ran with the CPU tactic while switched on, and only then
+    assert all(torch.equal(a, b) for other in chosen[1:] for a, b in zip(chosen[0], other))
+    assert all(rows.shape == (500,) for rows in chosen[0])
+    assert set(local[in_shard].tolist()) <= set(chosen[0][0].tolist())  # every positive is sampled

@@ -688,3 +688,50 @@ def test_a_kept_gradient_is_never_overwritten_while_it_is_still_the_weight_s_gra
     head.weight.grad.zero_()  # zero_grad(set_to_none=False)
     head(e2, l2).backward()
     torch.testing.assert_close(head.weight.grad, separate[1], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("margin, update, sub_centers, optimizer", [
+    ("cosface", "sampled", 1, "sgd"), ("cosface", "sampled", 2, "adamw"), ("adaface", "sampled", 1, "sgd"),
+    ("cosface", "all", 1, "sgd")])
+def test_sampled_rows_are_gathered_into_last_step_s_memory_on_the_cpu(margin, update, sub_centers, optimizer):
+    """With class sampling the forward gathers the sampled rows into the memory of last step's sparse gradient
+    values (or, with update = "all", of last step's gathered rows) once the optimizer dropped them; the
+    updates are those of a head that allocates every step anew (``fixed_ops``, the GPU tactic)."""
+    heads, pointers = {}, []
+    for tactic in ("row_blocks", "fixed_ops"):
+        torch.manual_seed(0)  # the same batches and the same sampling seeds for both
+        batches = [(torch.randn(6, 8), torch.randint(0, 40, (6,))) for _ in range(4)]
+        loss = AdaFace() if margin == "adaface" else CosFace(s=16.0)  # each head its own (AdaFace's statistics)
+        head = PartialFC(loss, 8, 40, 0.5, seed=1, update=update, sub_centers=sub_centers)
+        head.tactic = tactic
+        opt = build_head_optimizer(head, optimizer, lr=0.1)
+        for emb, labels in batches:
+            head(emb, labels).backward()
+            if tactic == "row_blocks":
+                spare = head._rows_buffer.spare
+                if update == "sampled":
+                    assert spare is not None and spare.data_ptr() == head.weight.grad._values().data_ptr()
+                pointers.append(spare.data_ptr())
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        heads[tactic] = head
+    assert len(set(pointers)) == 1, pointers  # one memory for the sampled rows, step after step
+    torch.testing.assert_close(heads["row_blocks"].weight, heads["fixed_ops"].weight, rtol=1e-5, atol=1e-5)
+
+
+def test_sampled_rows_are_never_gathered_into_a_gradient_that_is_still_the_weight_s_grad():
+    """Accumulation (two backwards, no zero_grad): the second forward finds the spare still in use as the values
+    of ``weight.grad``, so it gathers into fresh memory and the sparse gradients add up."""
+    torch.manual_seed(0)
+    batches = [(torch.randn(6, 8), torch.randint(0, 40, (6,))) for _ in range(2)]
+    separate, seeds = [], [5, 6]
+    for (emb, labels), seed in zip(batches, seeds):
+        head = PartialFC(CosFace(s=16.0), 8, 40, 0.5, seed=1)
+        torch.manual_seed(seed)
+        head(emb, labels).backward()
+        separate.append(head.weight.grad.to_dense())
+    head = PartialFC(CosFace(s=16.0), 8, 40, 0.5, seed=1)
+    for (emb, labels), seed in zip(batches, seeds):
+        torch.manual_seed(seed)
+        head(emb, labels).backward()  # the second accumulates onto weight.grad, whose values are the spare
+    torch.testing.assert_close(head.weight.grad.to_dense(), separate[0] + separate[1], rtol=1e-6, atol=1e-7)

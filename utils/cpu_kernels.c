@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stddef.h>
+#include <stdlib.h>
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define CLONES __attribute__((target_clones("avx512f", "avx2,fma", "default")))
@@ -16,7 +17,7 @@
 #define CLONES
 #endif
 
-int64_t pfc_kernels_abi(void) { return 5; }
+int64_t pfc_kernels_abi(void) { return 6; }
 
 /* SGD with momentum and weight decay (torch.optim.SGD, dampening 0, no Nesterov) on rows [begin, end) of an
    n-row update of d values (the caller splits the rows between threads; rows are unique, so threads never
@@ -72,6 +73,89 @@ CLONES void pfc_adamw_rows(float *weight, float *exp_avg, float *exp_avg_sq, con
       w[j] = wj + (mj * c) / (sqrtf(vj) / b2 + eps);
     }
   }
+}
+
+/* The head's class-sampling keys (partial_fc._sampling_keys) of the class ids [start, start + n) for one step's
+   seed (in [0, 2^31)): key = hash(id, seed) · 2^32 + id, with the same 31-bit xor-shift / multiply hash in the
+   same exact int64 arithmetic (every product stays below 2^58), so the keys are the torch operations' bits. One
+   pass instead of about thirty whole-array operations over the shard's class ids. */
+#define PFC_M31 ((int64_t)0x7FFFFFFF)
+#define PFC_M30 ((int64_t)0x3FFFFFFF)
+static inline int64_t pfc_mix31(int64_t x) {
+  x = ((x ^ (x >> 16)) * 0x45D9F3B) & PFC_M31;
+  x = ((x ^ (x >> 16)) * 0x45D9F3B) & PFC_M31;
+  return x ^ (x >> 16);
+}
+
+static inline void pfc_keys(int64_t start, int64_t n, int64_t seed, int64_t *keys) {
+  const int64_t salt = (seed * 0x2545F49) & PFC_M31;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t id = start + i;
+    const int64_t first = pfc_mix31(((id & PFC_M31) ^ seed) & PFC_M31);
+    keys[i] = ((pfc_mix31(first ^ salt) & PFC_M30) << 32) | id;
+  }
+}
+
+static int pfc_descending(const void *a, const void *b) {
+  const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return (x < y) - (x > y);
+}
+
+/* The sampled rows of partial_fc.PartialFC._sample in one call, for class ids [start, start + n) below 2^32:
+   every row in positives[0 .. npos) (the shard's classes in the global batch; repeats allowed), then the
+   negatives with the largest keys, k = min(n, max(k_base, distinct positives)) rows in all, written to `out`
+   in increasing order; returns k, or -1 when memory for the n keys cannot be had. The same rows as the torch
+   operations' (keys, positives lifted by 2^62, topk, sort): keys are distinct, so the k largest are one set.
+   Instead of a top-k, the negatives' keys are counted in 2^16 buckets of their hash's top bits (a key's
+   order is its hash's first), the bucket that holds the last negative to keep is sorted, and one pass in row
+   order keeps every key at or above that one: the rows come out sorted. */
+int64_t pfc_sample_rows(int64_t start, int64_t n, int64_t seed, const int64_t *positives, int64_t npos,
+                        int64_t k_base, int64_t *out) {
+  const int64_t lift = (int64_t)1 << 62;
+  int64_t *keys = malloc((size_t)(n > 0 ? n : 1) * sizeof(int64_t));
+  if (!keys) return -1;
+  pfc_keys(start, n, seed, keys);
+  int64_t lifted = 0;
+  for (int64_t p = 0; p < npos; ++p) {
+    if (keys[positives[p]] < lift) {
+      keys[positives[p]] += lift;
+      ++lifted;
+    }
+  }
+  int64_t k = k_base > lifted ? k_base : lifted;
+  k = k < n ? k : n;
+  const int64_t need = k - lifted; /* negatives to keep, at most n - lifted */
+  int64_t cutoff = lift;           /* keep every key >= cutoff: the positives, and the negatives from it up */
+  if (need > 0) {
+    uint32_t *counts = calloc((size_t)1 << 16, sizeof(uint32_t));
+    int64_t *bucket = NULL;
+    if (!counts) {
+      free(keys);
+      return -1;
+    }
+    for (int64_t i = 0; i < n; ++i)
+      if (keys[i] < lift) ++counts[keys[i] >> 46]; /* the hash's top 16 of 30 bits */
+    int64_t above = 0, top = (1 << 16) - 1;
+    while (above + counts[top] < need) above += counts[top--];
+    bucket = malloc((size_t)counts[top] * sizeof(int64_t));
+    if (!bucket) {
+      free(counts);
+      free(keys);
+      return -1;
+    }
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; ++i)
+      if (keys[i] < lift && keys[i] >> 46 == top) bucket[m++] = keys[i];
+    qsort(bucket, (size_t)m, sizeof(int64_t), pfc_descending);
+    cutoff = bucket[need - above - 1];
+    free(bucket);
+    free(counts);
+  }
+  int64_t m = 0;
+  for (int64_t i = 0; i < n; ++i)
+    if (keys[i] >= cutoff) out[m++] = i;
+  free(keys);
+  return m;
 }
 
 /* exp(x) in float, to ~1.3 units in the last place: 2^n · P(r) with x = n·ln2 + r, |r| <= ln2/2 (Cody-Waite

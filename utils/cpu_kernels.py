@@ -1,4 +1,5 @@
-"""Compiled CPU loops: the head's optimizer row updates and fused margin-softmax passes; the backbone's PReLU backward.
+"""Compiled CPU loops: the head's optimizer row updates, fused margin-softmax passes and class-sampling keys; the
+backbone's PReLU backward.
 
 Optimizers (``sgd_rows``, ``adamw_rows``): torch updates the rows of an SGD or AdamW step with several
 whole-tensor operations (and, for sampled rows, a gather before and a scatter after), so each row of weight and
@@ -14,6 +15,13 @@ Python. Here each row takes two passes forward and one backward, with a vectoris
 units in the last place (torch's: ~0.5), so the values agree with the torch operations to rounding, not to the
 bit. Sums run in 16 fixed lanes, so they do not depend on the CPU's vector width; the backward's column sums
 do depend on the number of threads (each thread sums its rows, then the threads' sums are added).
+
+Class sampling (``sample_rows``; ``partial_fc.PartialFC._sample``): every sampled step
+hashes each of the shard's class ids with the step's seed, about thirty whole-array integer operations in torch
+(~15–20 ms a step for 500k classes here), then takes the top k of the keys and sorts them (~4 ms alone, 12–27
+ms beside another rank's products). The loop computes the same exact integer arithmetic in one pass, and finds
+the same k rows by counting the keys in buckets instead of a top-k, writing them in row order: the same rows,
+in ~3 ms.
 
 PReLU backward (``prelu_backward``; ``backbones.prelu.PReLU``): torch's CPU kernel for the input's and the
 slope's gradients makes several passes and a reduction over a broadcast, ~5 ns per value here, about as long as
@@ -47,14 +55,14 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-__all__ = ["ENV_SWITCH", "SOURCE", "adamw_rows", "cache_dir", "library", "prelu_backward", "sgd_rows",
+__all__ = ["ENV_SWITCH", "SOURCE", "adamw_rows", "cache_dir", "library", "prelu_backward", "sample_rows", "sgd_rows",
            "softmax_backward", "softmax_forward", "usable"]
 
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_suffix(".c")
 ENV_SWITCH = "PFC_CPU_KERNELS"  # "0": never use the compiled kernels (the torch operations run instead)
-_ABI = 5  # pfc_kernels_abi() of the C file this module speaks to
+_ABI = 6  # pfc_kernels_abi() of the C file this module speaks to
 _FLAGS = ("-O3", "-shared", "-fPIC", "-ffp-contract=off", "-fno-math-errno", "-std=c11")
 
 _MIN_ROWS_PER_THREAD = 256  # smaller updates run on the calling thread
@@ -148,6 +156,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.pfc_softmax_forward.restype = None
     lib.pfc_softmax_backward.argtypes = [p, p, i64, f32, f32, p, p, p, p, p, p, p, i64, i64]
     lib.pfc_softmax_backward.restype = None
+    lib.pfc_sample_rows.argtypes = [i64, i64, i64, p, i64, i64, p]
+    lib.pfc_sample_rows.restype = i64
     for name in ("pfc_prelu_backward", "pfc_prelu_backward_bf16"):
         getattr(lib, name).argtypes = [p, p, p, i64, i64, p, p, i64, i64]
         getattr(lib, name).restype = None
@@ -292,6 +302,28 @@ def softmax_backward(cos: Tensor, inv_w: Tensor, s: float, scale: float, target_
                                                                  begin, end), batch, parts)
     for extra in sums[1:]:
         dot_w.add_(extra)
+
+
+def sample_rows(class_start: int, num_local: int, seed: int, positives: Tensor, k_base: int) -> Tensor:
+    """``partial_fc.PartialFC._sample``'s rows for the class ids ``class_start … class_start + num_local − 1``
+    (below 2^32): every row in ``positives`` (int64, repeats allowed) and the negatives with the largest
+    keys (``partial_fc._sampling_keys``, the same bits), ``min(num_local, max(k_base, distinct positives))`` rows in all, sorted: the rows of the
+    torch operations (lift, ``topk``, ``sort``), without a top-k over the shard."""
+    lib = _required()
+    if num_local < 1 or class_start < 0 or class_start + num_local > 2**32 or not 0 <= seed < 2**31 or k_base < 0:
+        raise ValueError(f"cpu_kernels: sampling needs 0 <= class_start, 1 <= num_local, class ids below 2^32, a "
+                         f"seed in [0, 2^31) and k_base >= 0; got {class_start}, {num_local}, {seed}, {k_base}")
+    positives = positives.reshape(-1)
+    _check_rows("positives", positives, positives.numel(), torch.int64)
+    if positives.numel() and not (int(positives.min()) >= 0 and int(positives.max()) < num_local):
+        raise ValueError(f"cpu_kernels: positive rows in [{int(positives.min())}, {int(positives.max())}] outside "
+                         f"[0, {num_local})")
+    out = torch.empty(min(num_local, max(k_base, positives.numel())), dtype=torch.int64)
+    written = lib.pfc_sample_rows(class_start, num_local, seed, positives.data_ptr(), positives.numel(), k_base,
+                                  out.data_ptr())
+    if written < 0:
+        raise MemoryError(f"cpu_kernels: no memory for the sampling keys of {num_local} classes")
+    return out[:written]
 
 
 def prelu_backward(x: Tensor, grad: Tensor, slopes: Tensor) -> tuple[Tensor, Tensor]:
