@@ -138,7 +138,8 @@ def _sampling_keys(class_ids: Tensor, seed: Tensor) -> Tensor:
 
 
 def _cosine_products(emb: Tensor, weight: Tensor, index: Tensor | None, out: Tensor | None = None,
-                     rows_out: Tensor | None = None) -> tuple[Tensor, Tensor, torch.dtype, tuple]:
+                     rows_out: Tensor | None = None,
+                     tactic: str = "fixed_ops") -> tuple[Tensor, Tensor, torch.dtype, tuple]:
     """The forward half both head functions share: ``(prod, e_norm, compute_dtype, saved)``.
 
     ``prod (B, C·K)`` fp32 is ``ê @ Wᵀ`` for the rows ``index`` of ``weight`` (all rows for ``None``), not yet
@@ -146,17 +147,23 @@ def _cosine_products(emb: Tensor, weight: Tensor, index: Tensor | None, out: Ten
     weight is never materialised); ``e_norm (B,)`` fp32. The product runs in the ambient autocast dtype
     (bf16/fp16 operands, fp32 accumulation), everything else in fp32; into ``out`` (fp32, the product's
     shape) when given. The rows ``index`` are gathered into ``rows_out`` (fp32 ``(len(index), K·D)``) when
-    given. ``saved`` is what
+    given; with the CPU tactic (``row_blocks``) on fp32 CPU tensors one compiled pass gathers them and computes
+    their norms (``utils.cpu_kernels.gather_rows``). ``saved`` is what
     ``_cosine_products_backward`` needs: ``(e_hat, rows, index, inv_e, inv_w, e_ok, w_ok)``.
     """
     device_type = emb.device.type
     compute_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else torch.float32
     with torch.autocast(device_type, enabled=False):
-        rows = weight if index is None else torch.index_select(weight, 0, index, out=rows_out)  # (C, K·D)
-        rows = rows.view(-1, emb.shape[1])  # (C·K, D) one centre per row
+        if index is not None and tactic == "row_blocks" and cpu_kernels.usable(weight):
+            rows = torch.empty(index.shape[0], weight.shape[1]) if rows_out is None else rows_out  # (C, K·D)
+            w_norm = cpu_kernels.gather_rows(weight, index, rows, emb.shape[1])  # (C·K,) one read of the rows
+            rows = rows.view(-1, emb.shape[1])  # (C·K, D) one centre per row
+        else:
+            rows = weight if index is None else torch.index_select(weight, 0, index, out=rows_out)  # (C, K·D)
+            rows = rows.view(-1, emb.shape[1])  # (C·K, D) one centre per row
+            w_norm = torch.linalg.vector_norm(rows, dim=1)  # (C·K,)
         emb = emb.float()
         e_norm = torch.linalg.vector_norm(emb, dim=1)  # (B,)
-        w_norm = torch.linalg.vector_norm(rows, dim=1)  # (C,)
         inv_e = 1.0 / e_norm.clamp_min(_NORM_EPS)  # (B,)
         inv_w = 1.0 / w_norm.clamp_min(_NORM_EPS)  # (C,)
         e_hat = emb * inv_e[:, None]  # (B, D)
@@ -269,9 +276,11 @@ class _NormalizedLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, emb: Tensor, weight: Tensor, index: Tensor | None, tactic: str, sparse: bool,
-                gradient_buffer: "_Buffer | None" = None, rows_buffer: "_Buffer | None" = None) -> tuple[Tensor, Tensor]:
+                gradient_buffer: "_Buffer | None" = None,
+                rows_buffer: "_Buffer | None" = None) -> tuple[Tensor, Tensor]:
         rows_out = _keep_gradient_memory(ctx, weight, gradient_buffer, rows_buffer, index)
-        cos, e_norm, ctx.compute_dtype, saved = _cosine_products(emb, weight, index, rows_out=rows_out)
+        cos, e_norm, ctx.compute_dtype, saved = _cosine_products(emb, weight, index, rows_out=rows_out,
+                                                                 tactic=tactic)
         cos.mul_(saved[4][None, :])  # (B, C) times 1/|W| per column
         ctx.tactic = tactic
         ctx.sparse = sparse
@@ -324,7 +333,7 @@ class _MarginSoftmax(torch.autograd.Function):
         classes = weight.shape[0] if index is None else index.shape[0]
         rows_out = _keep_gradient_memory(ctx, weight, gradient_buffer, rows_buffer, index)
         out = buffers.take((emb.shape[0], classes), emb.device)
-        cos, _, ctx.compute_dtype, saved = _cosine_products(emb, weight, index, out, rows_out)  # cos: (B, C) unscaled
+        cos, _, ctx.compute_dtype, saved = _cosine_products(emb, weight, index, out, rows_out, tactic)  # unscaled
         inv_w = saved[4]
         batch, classes = cos.shape
         s = margin.target_only_scale()

@@ -11,6 +11,8 @@
 #include <stddef.h>
 #include <stdlib.h>
 
+#define LANES 16 /* sums run in this many fixed lanes (lane = index mod LANES), whatever the vector width */
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define CLONES __attribute__((target_clones("avx512f", "avx2,fma", "default")))
 #else
@@ -71,6 +73,41 @@ CLONES void pfc_adamw_rows(float *weight, float *exp_avg, float *exp_avg_sq, con
       m[j] = mj;
       v[j] = vj;
       w[j] = wj + (mj * c) / (sqrtf(vj) / b2 + eps);
+    }
+  }
+}
+
+/* The head's sampled rows: rows idx[i] (i in [begin, end)) of `weight` (r values a row) copied to row i of
+   `out`, and the Euclidean norm of each d-value centre of the copied row (r / d centres: sub-centres) written to
+   norm[i · r/d + centre], summed while the values pass: one read of the rows instead of a gather and a norm.
+   Squares are summed in LANES fixed lanes (lane = index mod LANES), the lanes added in order in double. */
+CLONES void pfc_gather_rows(const float *weight, const int64_t *idx, int64_t r, int64_t d, float *out, float *norm,
+                            int64_t begin, int64_t end) {
+  const int64_t centres = r / d;
+  for (int64_t i = begin; i < end; ++i) {
+    const float *restrict src = weight + idx[i] * r;
+    float *restrict dst = out + i * r;
+    if (i + 2 < end) __builtin_prefetch(weight + idx[i + 2] * r);
+    for (int64_t c = 0; c < centres; ++c) {
+      const float *restrict x = src + c * d;
+      float *restrict y = dst + c * d;
+      float lane[LANES];
+      for (int k = 0; k < LANES; ++k) lane[k] = 0.0f;
+      int64_t j = 0;
+      for (; j + LANES <= d; j += LANES) {
+        for (int k = 0; k < LANES; ++k) {
+          const float v = x[j + k];
+          y[j + k] = v;
+          lane[k] += v * v;
+        }
+      }
+      for (; j < d; ++j) {
+        y[j] = x[j];
+        lane[j % LANES] += x[j] * x[j];
+      }
+      double total = 0.0;
+      for (int k = 0; k < LANES; ++k) total += lane[k];
+      norm[i * centres + c] = (float)sqrt(total);
     }
   }
 }
@@ -161,7 +198,6 @@ int64_t pfc_sample_rows(int64_t start, int64_t n, int64_t seed, const int64_t *p
 /* exp(x) in float, to ~1.3 units in the last place: 2^n · P(r) with x = n·ln2 + r, |r| <= ln2/2 (Cody-Waite
    split of ln2, degree-7 polynomial), n rounded by adding 1.5·2^23 (no float-to-int conversion, so a NaN stays
    a NaN). Branch-free, so the row loops below vectorise. Results below e^-87 are e^-87 (~1.6e-38), not 0. */
-#define LANES 16
 #define CHUNK 256 /* columns summed in float lanes before they join a double total */
 static inline float pfc_exp(float x) {
   x = x < -87.0f ? -87.0f : x;

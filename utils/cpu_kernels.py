@@ -55,8 +55,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-__all__ = ["ENV_SWITCH", "SOURCE", "adamw_rows", "cache_dir", "library", "prelu_backward", "sample_rows", "sgd_rows",
-           "softmax_backward", "softmax_forward", "usable"]
+__all__ = ["ENV_SWITCH", "SOURCE", "adamw_rows", "cache_dir", "gather_rows", "library", "prelu_backward",
+           "sample_rows", "sgd_rows", "softmax_backward", "softmax_forward", "usable"]
 
 logger = logging.getLogger(__name__)
 
@@ -156,6 +156,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.pfc_softmax_forward.restype = None
     lib.pfc_softmax_backward.argtypes = [p, p, i64, f32, f32, p, p, p, p, p, p, p, i64, i64]
     lib.pfc_softmax_backward.restype = None
+    lib.pfc_gather_rows.argtypes = [p, p, i64, i64, p, p, i64, i64]
+    lib.pfc_gather_rows.restype = None
     lib.pfc_sample_rows.argtypes = [i64, i64, i64, p, i64, i64, p]
     lib.pfc_sample_rows.restype = i64
     for name in ("pfc_prelu_backward", "pfc_prelu_backward_bf16"):
@@ -304,11 +306,36 @@ def softmax_backward(cos: Tensor, inv_w: Tensor, s: float, scale: float, target_
         dot_w.add_(extra)
 
 
+def gather_rows(weight: Tensor, index: Tensor, out: Tensor, centre: int) -> Tensor:
+    """Rows ``index (C,)`` of ``weight (N, R)`` copied into ``out (C, R)`` and the norms of their ``centre``-value
+    centres (``R / centre`` a row: sub-centres) returned, ``(C · R/centre,)`` fp32, in one read of the rows (what
+    ``torch.index_select`` and ``torch.linalg.vector_norm`` give, the norms to rounding)."""
+    lib = _required()
+    if weight.dim() != 2 or out.dim() != 2 or out.shape != (index.numel(), weight.shape[1]):
+        raise ValueError(f"cpu_kernels: gathering {index.numel()} rows of a {tuple(weight.shape)} weight into "
+                         f"{tuple(out.shape)}; expected ({index.numel()}, {weight.shape[1] if weight.dim() else '?'})")
+    if centre < 1 or weight.shape[1] % centre:
+        raise ValueError(f"cpu_kernels: a row of {weight.shape[1]} values does not hold whole centres of {centre}")
+    for t in (weight, out):
+        if t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous():
+            raise ValueError(f"cpu_kernels: expected contiguous fp32 CPU tensors, got {t.dtype} on {t.device} "
+                             f"(contiguous: {t.is_contiguous()})")
+    n = index.numel()
+    _check_rows("index", index, n, torch.int64)
+    if n and not (int(index.min()) >= 0 and int(index.max()) < weight.shape[0]):
+        raise ValueError(f"cpu_kernels: row indices in [{int(index.min())}, {int(index.max())}] outside "
+                         f"[0, {weight.shape[0]})")
+    norms = torch.empty(n * (weight.shape[1] // centre))
+    args = (weight.data_ptr(), index.data_ptr(), weight.shape[1], centre, out.data_ptr(), norms.data_ptr())
+    _over_rows(lambda begin, end, _: lib.pfc_gather_rows(*args, begin, end), n, _parts(n))
+    return norms
+
+
 def sample_rows(class_start: int, num_local: int, seed: int, positives: Tensor, k_base: int) -> Tensor:
     """``partial_fc.PartialFC._sample``'s rows for the class ids ``class_start … class_start + num_local − 1``
-    (below 2^32): every row in ``positives`` (int64, repeats allowed) and the negatives with the largest
-    keys (``partial_fc._sampling_keys``, the same bits), ``min(num_local, max(k_base, distinct positives))`` rows in all, sorted: the rows of the
-    torch operations (lift, ``topk``, ``sort``), without a top-k over the shard."""
+    (below 2^32): every row in ``positives`` (int64, repeats allowed) and the negatives with the largest keys
+    (``partial_fc._sampling_keys``, the same bits), ``min(num_local, max(k_base, distinct positives))`` rows in
+    all, sorted: the rows of the torch operations (lift, ``topk``, ``sort``), without a top-k over the shard."""
     lib = _required()
     if num_local < 1 or class_start < 0 or class_start + num_local > 2**32 or not 0 <= seed < 2**31 or k_base < 0:
         raise ValueError(f"cpu_kernels: sampling needs 0 <= class_start, 1 <= num_local, class ids below 2^32, a "
