@@ -53,7 +53,7 @@ from losses import Margin
 # The head's optimizers live in optimizers.py; their names stay importable from here, as README showed them.
 from optimizers import RowSparseAdamW, RowSparseSGD, build_head_optimizer
 from utils import cpu_kernels
-from utils.distributed import (Tactic, all_gather_cat, all_gather_sizes, get_rank, get_world_size, resolve_tactic,
+from utils.distributed import (EarlyGradient, Tactic, all_gather_cat, all_gather_sizes, get_rank, get_world_size, resolve_tactic,
                                rows_per_block, sharded_cross_entropy, sharded_log_sum_exp, to_host)
 
 __all__ = ["HEAD_UPDATES", "HeadUpdate", "PartialFC", "PartialFC_V2", "RowSparseAdamW", "RowSparseSGD",
@@ -191,6 +191,8 @@ def _cosine_products_backward(ctx, saved: tuple, scaled: Tensor, dot_w: Tensor,
     if ctx.needs_input_grad[0]:
         d_e_hat = torch.mm(scaled, rows) if fp32 else torch.mm(scaled.to(cd), rows.to(cd)).float()  # (B, D)
         grad_emb = d_e_hat.sub_(e_hat * dot_e[:, None]).mul_(inv_e[:, None])
+        if ctx.early is not None:
+            ctx.early.start(grad_emb)  # the embeddings' reduce-scatter runs while the weight's gradient is computed
     if ctx.needs_input_grad[1]:
         coef = (dot_w * inv_w * inv_w)[:, None]  # (C, 1)
         if fp32:
@@ -276,8 +278,9 @@ class _NormalizedLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, emb: Tensor, weight: Tensor, index: Tensor | None, tactic: str, sparse: bool,
-                gradient_buffer: "_Buffer | None" = None,
-                rows_buffer: "_Buffer | None" = None) -> tuple[Tensor, Tensor]:
+                gradient_buffer: "_Buffer | None" = None, rows_buffer: "_Buffer | None" = None,
+                early: EarlyGradient | None = None) -> tuple[Tensor, Tensor]:
+        ctx.early = early
         rows_out = _keep_gradient_memory(ctx, weight, gradient_buffer, rows_buffer, index)
         cos, e_norm, ctx.compute_dtype, saved = _cosine_products(emb, weight, index, rows_out=rows_out,
                                                                  tactic=tactic)
@@ -303,7 +306,7 @@ class _NormalizedLinear(torch.autograd.Function):
             torch.sum(block, dim=1, out=dot_e[start: start + step])
             torch.mul(grad[start: start + step], inv_w[None, :], out=block)  # (step, C) G
         grad_emb, grad_weight = _cosine_products_backward(ctx, tuple(saved), cos, dot_w, dot_e)
-        return grad_emb, grad_weight, None, None, None, None, None
+        return grad_emb, grad_weight, None, None, None, None, None, None
 
 
 class _MarginSoftmax(torch.autograd.Function):
@@ -329,7 +332,8 @@ class _MarginSoftmax(torch.autograd.Function):
     @staticmethod
     def forward(ctx, emb: Tensor, weight: Tensor, index: Tensor | None, target: Tensor, margin,
                 tactic: str, sparse: bool, buffers: "_Buffer", gradient_buffer: "_Buffer | None" = None,
-                rows_buffer: "_Buffer | None" = None) -> Tensor:
+                rows_buffer: "_Buffer | None" = None, early: EarlyGradient | None = None) -> Tensor:
+        ctx.early = early
         classes = weight.shape[0] if index is None else index.shape[0]
         rows_out = _keep_gradient_memory(ctx, weight, gradient_buffer, rows_buffer, index)
         out = buffers.take((emb.shape[0], classes), emb.device)
@@ -391,7 +395,7 @@ class _MarginSoftmax(torch.autograd.Function):
                 torch.mul(g, inv_w, out=block)  # (step, C) G
         grad_emb, grad_weight = _cosine_products_backward(ctx, tuple(saved), cos, dot_w, dot_e)
         ctx.buffers.give(cos)  # no gradient refers to it: the next step may write its cosines there
-        return grad_emb, grad_weight, None, None, None, None, None, None, None, None
+        return grad_emb, grad_weight, None, None, None, None, None, None, None, None, None
 
 
 class _Buffer:
@@ -629,7 +633,10 @@ class PartialFC(nn.Module):
         tactic = resolve_tactic(self.tactic, local_embeddings.device)
         batch_sizes = self._check_inputs(local_embeddings, local_labels)
         labels = all_gather_cat(local_labels.reshape(-1).long(), sizes=batch_sizes)  # (B_global,)
-        embeddings = all_gather_cat(local_embeddings, grad_scale=float(self.world_size), sizes=batch_sizes)  # (B_g, D)
+        # The head's backward starts the embeddings' reduce-scatter as soon as their gradient is known (early).
+        early = EarlyGradient()
+        embeddings = all_gather_cat(local_embeddings, grad_scale=float(self.world_size), sizes=batch_sizes,
+                                    early=early)  # (B_global, D)
 
         local = labels - self.class_start  # (B_global,)
         in_shard = (local >= 0) & (local < self.num_local)  # (B_global,)
@@ -645,9 +652,9 @@ class PartialFC(nn.Module):
         sparse = self.update == "sampled"
         if self.sub_centers == 1 and getattr(self.margin_loss, "target_only_scale", lambda: None)() is not None:
             return _MarginSoftmax.apply(embeddings, self.weight, index, target, self.margin_loss, tactic, sparse,
-                                        self._cosine_buffer, self._gradient_buffer, self._rows_buffer)
+                                        self._cosine_buffer, self._gradient_buffer, self._rows_buffer, early)
         cos, norms = _NormalizedLinear.apply(embeddings, self.weight, index, tactic, sparse, self._gradient_buffer,
-                                             self._rows_buffer)  # (B_global, C_s·K) fp32, (B_global,)
+                                             self._rows_buffer, early)  # (B_global, C_s·K) fp32, (B_global,)
         if self.sub_centers > 1:
             # A class's cosine is its closest centre's; the gradient goes to that centre (split between exact ties).
             cos = cos.view(cos.shape[0], -1, self.sub_centers).amax(dim=2)  # (B_global, C_s)

@@ -94,3 +94,69 @@ def test_all_gather_forward_backward_against_single_process(world):
         # equal sizes: the same gradients as torch.distributed.nn.functional.all_gather
         torch.testing.assert_close(torch.from_numpy(res["ours"]), torch.from_numpy(res["theirs"]))
 
+
+
+class _StartsEarly(torch.autograd.Function):
+    """A consumer of the gathered tensor that starts its reduce-scatter before the rest of its backward."""
+
+    @staticmethod
+    def forward(ctx, full, early):
+        ctx.save_for_backward(full)
+        ctx.early = early
+        return full.sin()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (full,) = ctx.saved_tensors
+        grad_full = grad * full.cos()
+        if ctx.early is not None:
+            ctx.early.start(grad_full)
+        return grad_full, None
+
+
+def _early_worker(rank: int, world: int) -> dict:
+    calls = []
+    real = du._reduce_scatter_into
+    du._reduce_scatter_into = lambda *a, **k: (calls.append(bool(k.get("async_op"))), real(*a, **k))[1]
+    coeffs = _coeffs(sum(_SIZES[:world]))
+    grads = {}
+    for case in ("plain", "early", "early_and_elsewhere"):
+        x = _rank_input(rank).requires_grad_()
+        early = du.EarlyGradient() if case != "plain" else None
+        full = du.all_gather_cat(x, grad_scale=2.5, early=early)
+        loss = (_StartsEarly.apply(full, early) * coeffs).sum() * (rank + 1)
+        if case == "early_and_elsewhere":
+            loss = loss + (full ** 3).sum()  # a second consumer: autograd sums two gradients for the gather
+        loss.backward()
+        grads[case] = x.grad.numpy()
+        grads[case + "_calls"] = list(calls)
+        calls.clear()
+        assert early is None or early.pending is None
+    du._reduce_scatter_into = real
+    return grads
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_an_early_reduce_scatter_gives_the_gather_s_gradient(world):
+    """The consumer's early start is used when it is the gather's whole gradient (one asynchronous collective,
+    no other); with a second consumer the early one is completed and dropped, and the summed gradient is
+    reduced instead. Uneven sizes; against one process."""
+    results = run_on_local_ranks(_early_worker, world, timeout=90)
+    inputs = [_rank_input(r).requires_grad_() for r in range(world)]
+    full = torch.cat(inputs)
+    sum(((full.sin() * _coeffs(full.shape[0])).sum() * (r + 1)) for r in range(world)).backward()
+    one_consumer = [2.5 * t.grad for t in inputs]
+    for t in inputs:
+        t.grad = None
+    full = torch.cat(inputs)
+    sum(((full.sin() * _coeffs(full.shape[0])).sum() * (r + 1)) + (full ** 3).sum() for r in range(world)).backward()
+    two_consumers = [2.5 * t.grad for t in inputs]
+    for r, res in enumerate(results):
+        torch.testing.assert_close(torch.from_numpy(res["plain"]), one_consumer[r])
+        torch.testing.assert_close(torch.from_numpy(res["early"]), one_consumer[r])
+        torch.testing.assert_close(torch.from_numpy(res["early_and_elsewhere"]), two_consumers[r])
+        if world == 1:
+            assert res["plain_calls"] == res["early_calls"] == res["early_and_elsewhere_calls"] == []
+        else:
+            assert res["plain_calls"] == [False] and res["early_calls"] == [True]
+            assert res["early_and_elsewhere_calls"] == [True, False]

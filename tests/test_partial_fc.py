@@ -735,3 +735,26 @@ def test_sampled_rows_are_never_gathered_into_a_gradient_that_is_still_the_weigh
         torch.manual_seed(seed)
         head(emb, labels).backward()  # the second accumulates onto weight.grad, whose values are the spare
     torch.testing.assert_close(head.weight.grad.to_dense(), separate[0] + separate[1], rtol=1e-6, atol=1e-7)
+
+
+def _early_head_worker(rank: int, world: int, margin: str) -> list[bool]:
+    from utils import distributed as du
+
+    calls = []
+    real = du._reduce_scatter_into
+    du._reduce_scatter_into = lambda *a, **k: (calls.append(bool(k.get("async_op"))), real(*a, **k))[1]
+    loss_fn = AdaFace() if margin == "adaface" else CosFace(s=16.0)
+    head = PartialFC(loss_fn, 8, 41, 0.5, seed=1)
+    g = torch.Generator().manual_seed(rank)
+    emb = torch.randn(5 + rank, 8, generator=g, requires_grad=True)
+    head(emb, torch.randint(0, 41, (5 + rank,), generator=g)).backward()
+    du._reduce_scatter_into = real
+    return calls
+
+
+@pytest.mark.parametrize("margin", ["cosface", "adaface"])
+def test_the_head_starts_the_embeddings_reduce_scatter_early(margin):
+    """On 2 ranks the head's backward (fused, and unfused for AdaFace) launches the embeddings' reduce-scatter
+    asynchronously before it computes the weight's gradient, and the gather's backward runs no other (the
+    values are those of one process: test_partial_fc_matches_single_process)."""
+    assert run_on_local_ranks(_early_head_worker, 2, margin, timeout=120) == [[True], [True]]

@@ -38,7 +38,7 @@ import torch.multiprocessing as mp
 from torch import Tensor
 
 __all__ = [
-    "TACTICS", "Tactic", "all_gather_cat", "all_gather_sizes", "all_reduce", "barrier", "broadcast_ints",
+    "TACTICS", "EarlyGradient", "Tactic", "all_gather_cat", "all_gather_sizes", "all_reduce", "barrier", "broadcast_ints",
     "collective_device", "free_port", "get_rank", "get_world_size", "init_process_group", "is_distributed",
     "pick_device", "resolve_tactic", "rows_per_block", "run_on_local_ranks", "sharded_cross_entropy",
     "sharded_log_sum_exp", "to_host", "wrap_ddp",
@@ -248,6 +248,60 @@ def all_gather_sizes(counts: Sequence[int] | Tensor, device: torch.device | str)
     return to_host(out.view(world, -1))
 
 
+def _pad_rows(grad: Tensor, sizes: tuple[int, ...]) -> Tensor:
+    """``grad (Σ n_r, *S)`` laid out as ``W`` blocks of ``max n_r`` rows (zeros after each rank's rows)."""
+    longest = max(sizes)
+    grad = grad.contiguous()
+    if all(n == longest for n in sizes):
+        return grad
+    padded = grad.new_zeros((len(sizes) * longest, *grad.shape[1:]))  # (W·max n, *S)
+    offset = 0
+    for r, n in enumerate(sizes):
+        padded[r * longest: r * longest + n] = grad[offset: offset + n]
+        offset += n
+    return padded
+
+
+class EarlyGradient:
+    """Lets the one consumer of ``all_gather_cat``'s output start its backward's reduce-scatter early.
+
+    Autograd runs the gather's backward only once the consumer's whole backward has returned; the
+    reduce-scatter then waits for the slowest rank. A consumer that has its input's gradient before the
+    rest of its own backward (the head: the embeddings' gradient comes before the weight's) calls
+    ``start(grad)``: the reduce-scatter is launched asynchronously (gloo's threads on a CPU, NCCL's stream
+    on a GPU) and runs while the consumer computes the rest; the gather's backward then only waits for it.
+    That backward uses the early result only when the gradient autograd hands it is the very tensor that
+    was started (one consumer); otherwise (the output also used elsewhere, so autograd summed gradients)
+    it completes the early one, drops it and reduces the gradient it got, so every rank still runs the
+    same collectives (the graph is the same on every rank). Outside a process group, or when the gather
+    had one rank, ``start`` does nothing.
+    """
+
+    def __init__(self) -> None:
+        self.sizes: tuple[int, ...] | None = None  # set by the gather's forward (W > 1)
+        self.pending: tuple[Tensor, Tensor, Any, Tensor] | None = None  # (started gradient, its padded rows,
+        # the collective's work handle, the output); the gradient is held, so autograd cannot add into it
+
+    def start(self, grad: Tensor) -> None:
+        """Launch the reduce-scatter of ``grad`` (the gathered output's whole gradient); returns at once."""
+        if self.sizes is None or self.pending is not None:
+            return
+        padded = _pad_rows(grad, self.sizes)
+        out = padded.new_empty((max(self.sizes), *padded.shape[1:]))  # (max n, *S)
+        work = _reduce_scatter_into(out, padded, async_op=True)
+        self.pending = (grad, padded, work, out)
+
+    def finish(self, grad: Tensor) -> Tensor | None:
+        """The reduce-scatter started for ``grad``, completed; None when none was started or another
+        gradient was (which is then completed and dropped)."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return None
+        started, _padded, work, out = pending
+        work.wait()
+        return out if grad is started else None
+
+
 class _AllGatherCat(torch.autograd.Function):
     """Concatenate every rank's tensor along dim 0; backward is reduce-scatter(sum).
 
@@ -258,14 +312,17 @@ class _AllGatherCat(torch.autograd.Function):
     the gradient arriving on rank q: a reduce-scatter(sum), the dual of the gather (NCCL has it; gloo
     on the CPU since torch 2.14, the release CI pins). Padded rows cost
     ``(max n_r − n_r)·|S|`` extra bytes per rank when sizes differ. ``grad_scale`` compensates DDP's
-    averaging (module docstring).
+    averaging (module docstring). With an ``EarlyGradient`` the consumer may have started the
+    reduce-scatter already; the backward then waits for it.
     """
 
     @staticmethod
-    def forward(ctx, x: Tensor, sizes: tuple[int, ...], grad_scale: float) -> Tensor:
+    def forward(ctx, x: Tensor, sizes: tuple[int, ...], grad_scale: float, early: EarlyGradient | None) -> Tensor:
         world, rank = get_world_size(), get_rank()
         assert len(sizes) == world and sizes[rank] == x.shape[0], f"sizes {sizes} vs local {tuple(x.shape)}"
-        ctx.sizes, ctx.grad_scale = sizes, grad_scale
+        ctx.sizes, ctx.grad_scale, ctx.early = sizes, grad_scale, early
+        if early is not None:
+            early.sizes = sizes
         longest = max(sizes)
         x = x.contiguous()
         if x.shape[0] < longest:
@@ -278,37 +335,33 @@ class _AllGatherCat(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        sizes, world, rank = ctx.sizes, get_world_size(), get_rank()
-        longest = max(sizes)
-        grad = grad.contiguous()
-        if any(n != longest for n in sizes):
-            padded = grad.new_zeros((world * longest, *grad.shape[1:]))  # (W·max n, *S)
-            offset = 0
-            for r, n in enumerate(sizes):
-                padded[r * longest: r * longest + n] = grad[offset: offset + n]
-                offset += n
-            grad = padded
-        out = grad.new_empty((longest, *grad.shape[1:]))  # (max n, *S)
-        _reduce_scatter_into(out, grad)
+        sizes, rank = ctx.sizes, get_rank()
+        out = ctx.early.finish(grad) if ctx.early is not None else None
+        if out is None:
+            padded = _pad_rows(grad, sizes)
+            out = padded.new_empty((max(sizes), *padded.shape[1:]))  # (max n, *S)
+            _reduce_scatter_into(out, padded)
         out = out[: sizes[rank]]  # (n_rank, *S)
         if ctx.grad_scale != 1.0:
             out.mul_(ctx.grad_scale)
-        return out, None, None
+        return out, None, None, None
 
 
-def all_gather_cat(tensor: Tensor, grad_scale: float = 1.0, sizes: Sequence[int] | None = None) -> Tensor:
+def all_gather_cat(tensor: Tensor, grad_scale: float = 1.0, sizes: Sequence[int] | None = None,
+                   early: EarlyGradient | None = None) -> Tensor:
     """Differentiable concatenation of every rank's ``tensor`` along dim 0 (first dims may differ).
 
     ``sizes`` (each rank's first dimension, from ``all_gather_sizes``) saves one small collective when
-    known. Backward: reduce-scatter(sum) of the incoming gradients, times ``grad_scale``. With one rank
-    this returns ``tensor`` itself (scaled in backward if ``grad_scale != 1``).
+    known. Backward: reduce-scatter(sum) of the incoming gradients, times ``grad_scale``; the output's one
+    consumer may start it early through ``early`` (``EarlyGradient``). With one rank this returns ``tensor``
+    itself (scaled in backward if ``grad_scale != 1``).
     """
     world = get_world_size()
     if sizes is None:
         sizes = [n for n, in all_gather_sizes([tensor.shape[0]], tensor.device)] if world > 1 else [tensor.shape[0]]
     if world == 1:
         return _ScaleGrad.apply(tensor, grad_scale) if grad_scale != 1.0 else tensor
-    return _AllGatherCat.apply(tensor, tuple(int(n) for n in sizes), float(grad_scale))
+    return _AllGatherCat.apply(tensor, tuple(int(n) for n in sizes), float(grad_scale), early)
 
 
 class _ScaleGrad(torch.autograd.Function):
