@@ -53,8 +53,8 @@ from losses import Margin
 # The head's optimizers live in optimizers.py; their names stay importable from here, as README showed them.
 from optimizers import RowSparseAdamW, RowSparseSGD, build_head_optimizer
 from utils import cpu_kernels
-from utils.distributed import (EarlyGradient, Tactic, all_gather_cat, all_gather_sizes, get_rank, get_world_size, resolve_tactic,
-                               rows_per_block, sharded_cross_entropy, sharded_log_sum_exp, to_host)
+from utils.distributed import (EarlyGradient, Tactic, all_gather_cat, all_gather_sizes, get_rank, get_world_size,
+                               resolve_tactic, rows_per_block, sharded_cross_entropy, sharded_log_sum_exp, to_host)
 
 __all__ = ["HEAD_UPDATES", "HeadUpdate", "PartialFC", "PartialFC_V2", "RowSparseAdamW", "RowSparseSGD",
            "build_head_optimizer", "class_partition", "sample_size"]
@@ -399,8 +399,10 @@ class _MarginSoftmax(torch.autograd.Function):
 
 
 class _Buffer:
-    """One spare fp32 tensor on a CPU, reused from step to step: for the head's ``(B, C)`` cosines, and for a
-    dense ``(rows, D)`` weight gradient (sample rate 1, or ``update = "all"``).
+    """One spare fp32 tensor on a CPU, reused from step to step: for the head's ``(B, C)`` cosines, for a
+    dense ``(rows, D)`` weight gradient (sample rate 1, or ``update = "all"``), and for the sampled rows
+    (gathered in the forward; with ``update = "sampled"`` the backward turns them into the sparse gradient's
+    values).
 
     A fresh tensor of tens or hundreds of megabytes costs its page faults again every step on a CPU (glibc maps
     every allocation over 32 MiB anew). On an accelerator the caching allocator already reuses memory, and a
@@ -408,7 +410,8 @@ class _Buffer:
     hands out the spare (viewed to the shape) when it is large enough and on the device, else a fresh tensor,
     and keeps nothing; ``give`` makes a tensor the spare: the cosines at the end of the backward that used them
     (no gradient refers to them), the weight gradient once accumulated (``take`` refuses it while it is still
-    the weight's ``.grad``). A forward that never gets its backward (no_grad, a dropped graph) never gives its
+    the weight's ``.grad``), the sparse gradient's values likewise, the sampled rows once copied into a dense
+    gradient. A forward that never gets its backward (no_grad, a dropped graph) never gives its
     tensor back, and two forwards before their backwards get two tensors, so a tensor is never shared by two
     live steps.
     """
