@@ -147,8 +147,8 @@ def _cosine_products(emb: Tensor, weight: Tensor, index: Tensor | None, out: Ten
     weight is never materialised); ``e_norm (B,)`` fp32. The product runs in the ambient autocast dtype
     (bf16/fp16 operands, fp32 accumulation), everything else in fp32; into ``out`` (fp32, the product's
     shape) when given. The rows ``index`` are gathered into ``rows_out`` (fp32 ``(len(index), K·D)``) when
-    given; with the CPU tactic (``row_blocks``) on fp32 CPU tensors one compiled pass gathers them and computes
-    their norms (``utils.cpu_kernels.gather_rows``). ``saved`` is what
+    given; with the CPU tactic (``row_blocks``) on fp32 CPU tensors a compiled loop gathers them
+    (``utils.cpu_kernels.gather_rows``). ``saved`` is what
     ``_cosine_products_backward`` needs: ``(e_hat, rows, index, inv_e, inv_w, e_ok, w_ok)``.
     """
     device_type = emb.device.type
@@ -156,12 +156,11 @@ def _cosine_products(emb: Tensor, weight: Tensor, index: Tensor | None, out: Ten
     with torch.autocast(device_type, enabled=False):
         if index is not None and tactic == "row_blocks" and cpu_kernels.usable(weight):
             rows = torch.empty(index.shape[0], weight.shape[1]) if rows_out is None else rows_out  # (C, K·D)
-            w_norm = cpu_kernels.gather_rows(weight, index, rows, emb.shape[1])  # (C·K,) one read of the rows
-            rows = rows.view(-1, emb.shape[1])  # (C·K, D) one centre per row
+            cpu_kernels.gather_rows(weight, index, rows)  # index_select's values in half its time
         else:
             rows = weight if index is None else torch.index_select(weight, 0, index, out=rows_out)  # (C, K·D)
-            rows = rows.view(-1, emb.shape[1])  # (C·K, D) one centre per row
-            w_norm = torch.linalg.vector_norm(rows, dim=1)  # (C·K,)
+        rows = rows.view(-1, emb.shape[1])  # (C·K, D) one centre per row
+        w_norm = torch.linalg.vector_norm(rows, dim=1)  # (C·K,)
         emb = emb.float()
         e_norm = torch.linalg.vector_norm(emb, dim=1)  # (B,)
         inv_e = 1.0 / e_norm.clamp_min(_NORM_EPS)  # (B,)

@@ -77,38 +77,14 @@ CLONES void pfc_adamw_rows(float *weight, float *exp_avg, float *exp_avg_sq, con
   }
 }
 
-/* The head's sampled rows: rows idx[i] (i in [begin, end)) of `weight` (r values a row) copied to row i of
-   `out`, and the Euclidean norm of each d-value centre of the copied row (r / d centres: sub-centres) written to
-   norm[i · r/d + centre], summed while the values pass: one read of the rows instead of a gather and a norm.
-   Squares are summed in LANES fixed lanes (lane = index mod LANES), the lanes added in order in double. */
-CLONES void pfc_gather_rows(const float *weight, const int64_t *idx, int64_t r, int64_t d, float *out, float *norm,
-                            int64_t begin, int64_t end) {
-  const int64_t centres = r / d;
+/* The head's sampled rows: rows idx[i] (i in [begin, end)) of `weight` (r values a row) copied to row i of `out`,
+   the row after next prefetched (the rows are scattered over the shard): about twice torch's index_select. */
+CLONES void pfc_gather_rows(const float *weight, const int64_t *idx, int64_t r, float *out, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) {
     const float *restrict src = weight + idx[i] * r;
     float *restrict dst = out + i * r;
     if (i + 2 < end) __builtin_prefetch(weight + idx[i + 2] * r);
-    for (int64_t c = 0; c < centres; ++c) {
-      const float *restrict x = src + c * d;
-      float *restrict y = dst + c * d;
-      float lane[LANES];
-      for (int k = 0; k < LANES; ++k) lane[k] = 0.0f;
-      int64_t j = 0;
-      for (; j + LANES <= d; j += LANES) {
-        for (int k = 0; k < LANES; ++k) {
-          const float v = x[j + k];
-          y[j + k] = v;
-          lane[k] += v * v;
-        }
-      }
-      for (; j < d; ++j) {
-        y[j] = x[j];
-        lane[j % LANES] += x[j] * x[j];
-      }
-      double total = 0.0;
-      for (int k = 0; k < LANES; ++k) total += lane[k];
-      norm[i * centres + c] = (float)sqrt(total);
-    }
+    for (int64_t j = 0; j < r; ++j) dst[j] = src[j];
   }
 }
 
