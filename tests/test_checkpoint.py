@@ -16,6 +16,7 @@ import torch
 from utils.distributed import run_on_local_ranks
 from utils.files import load_tensors, save_atomic
 from utils.checkpoint import (MANIFEST, clean_partial, find_latest, head_shard, list_checkpoints, load_common,
+                              load_optimizer_state,
                               load_head_rows, load_rng, make_common, restore_head, rng_state, train_state_of, TrainState,
                               save_checkpoint, set_rng_state, step_dir)
 
@@ -317,3 +318,29 @@ def test_where_a_run_starts_and_what_it_must_not_leave(tmp_path):
     assert plan_start(tmp_path, str(s10), True, mine) == (s10, [s15])  # step 15 would shadow the new run
     elsewhere = tmp_path / "other" / "checkpoints" / "step_000000003"
     assert plan_start(tmp_path, str(elsewhere), True, mine) == (elsewhere, [s5, s10, s15])
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adamw"])
+def test_an_older_checkpoint_does_not_switch_the_optimizer_off_foreach(kind):
+    """A backbone optimizer state saved with foreach unset (earlier releases) is loaded, every value restored,
+    but the optimizer keeps running foreach, as it was built."""
+    def build(**kw):
+        p = torch.nn.Parameter(torch.ones(3))
+        if kind == "sgd":
+            return p, torch.optim.SGD([p], lr=0.1, momentum=0.9, **kw)
+        return p, torch.optim.AdamW([p], lr=0.1, **kw)
+
+    p, old = build()  # foreach=None, as earlier releases built it
+    p.grad = torch.full((3,), 0.5)
+    old.step()
+    old.param_groups[0]["lr"] = 0.03
+    saved = old.state_dict()
+    assert saved["param_groups"][0]["foreach"] is None
+    q, new = build(foreach=True)
+    load_optimizer_state(new, saved)
+    assert new.param_groups[0]["foreach"] is True and new.param_groups[0]["lr"] == 0.03
+    for key, value in old.state[p].items():
+        assert torch.equal(new.state[q][key], value)
+    plain = build(foreach=True)[1]
+    plain.load_state_dict(saved)
+    assert plain.param_groups[0]["foreach"] is None  # what torch alone would have done

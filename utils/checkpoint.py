@@ -659,13 +659,32 @@ def save_training_state(job: Trainer, state: TrainState) -> Path:
                            common=common, keep=job.cfg.keep_checkpoints)
 
 
+_IMPLEMENTATION_KEYS = ("foreach", "fused", "capturable", "differentiable")  # how torch runs an update, not state
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """``optimizer.load_state_dict(state)``, keeping this build's choice of how the update runs.
+
+    torch restores every saved param-group value, including ``foreach``, ``fused``, ``capturable`` and
+    ``differentiable``, which say how the update is computed, not what it computes. A checkpoint of a release
+    that left ``foreach`` unset would switch the optimizer built with ``foreach=True`` back to torch's
+    per-tensor loop on a CPU (the same values, about twice the time); so those keys keep the optimizer's own
+    defaults. Every other value (LR, momentum, betas, weight decay, and the state) comes from the checkpoint.
+    """
+    optimizer.load_state_dict(state)
+    for group in optimizer.param_groups:
+        for key in _IMPLEMENTATION_KEYS:
+            if key in optimizer.defaults and key in group:
+                group[key] = optimizer.defaults[key]
+
+
 def restore_training_state(job: Trainer, ckpt_dir: Path, steps_per_epoch: int) -> tuple[TrainState, int]:
     """Restore what ``save_training_state`` wrote into ``job``; returns ``(state to continue from, the world
     size that wrote it)``. Head rows and their optimizer state are re-partitioned when the world size changed;
     the random streams are then re-seeded deterministically (the old per-rank streams cannot continue)."""
     common = load_common(ckpt_dir)
     job.backbone.load_state_dict(common["backbone"])
-    job.opt_backbone.load_state_dict(common["backbone_optimizer"])
+    load_optimizer_state(job.opt_backbone, common["backbone_optimizer"])
     job.scaler.load_state_dict(common["scaler"])
     rows = load_head_rows(ckpt_dir, job.head.class_start, job.head.num_local, num_classes=job.cfg.num_classes)
     restore_head(job.head.weight, job.opt_head, rows)
