@@ -11,8 +11,6 @@
 #include <stddef.h>
 #include <stdlib.h>
 
-#define LANES 16 /* sums run in this many fixed lanes (lane = index mod LANES), whatever the vector width */
-
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define CLONES __attribute__((target_clones("avx512f", "avx2,fma", "default")))
 #else
@@ -79,7 +77,8 @@ CLONES void pfc_adamw_rows(float *weight, float *exp_avg, float *exp_avg_sq, con
 
 /* The head's sampled rows: rows idx[i] (i in [begin, end)) of `weight` (r values a row) copied to row i of `out`,
    the row after next prefetched (the rows are scattered over the shard): about twice torch's index_select. */
-CLONES void pfc_gather_rows(const float *weight, const int64_t *idx, int64_t r, float *out, int64_t begin, int64_t end) {
+CLONES void pfc_gather_rows(const float *weight, const int64_t *idx, int64_t r, float *out, int64_t begin,
+                            int64_t end) {
   for (int64_t i = begin; i < end; ++i) {
     const float *restrict src = weight + idx[i] * r;
     float *restrict dst = out + i * r;
@@ -174,6 +173,7 @@ int64_t pfc_sample_rows(int64_t start, int64_t n, int64_t seed, const int64_t *p
 /* exp(x) in float, to ~1.3 units in the last place: 2^n · P(r) with x = n·ln2 + r, |r| <= ln2/2 (Cody-Waite
    split of ln2, degree-7 polynomial), n rounded by adding 1.5·2^23 (no float-to-int conversion, so a NaN stays
    a NaN). Branch-free, so the row loops below vectorise. Results below e^-87 are e^-87 (~1.6e-38), not 0. */
+#define LANES 16
 #define CHUNK 256 /* columns summed in float lanes before they join a double total */
 static inline float pfc_exp(float x) {
   x = x < -87.0f ? -87.0f : x;
