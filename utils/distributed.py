@@ -38,10 +38,10 @@ import torch.multiprocessing as mp
 from torch import Tensor
 
 __all__ = [
-    "TACTICS", "EarlyGradient", "Tactic", "all_gather_cat", "all_gather_sizes", "all_reduce", "barrier", "broadcast_ints",
-    "collective_device", "free_port", "get_rank", "get_world_size", "init_process_group", "is_distributed",
-    "pick_device", "resolve_tactic", "rows_per_block", "run_on_local_ranks", "sharded_cross_entropy",
-    "sharded_log_sum_exp", "to_host", "wrap_ddp",
+    "TACTICS", "EarlyGradient", "Tactic", "all_gather_cat", "all_gather_sizes", "all_reduce", "barrier",
+    "broadcast_ints", "collective_device", "free_port", "get_rank", "get_world_size", "init_process_group",
+    "is_distributed", "pick_device", "resolve_tactic", "rows_per_block", "run_on_local_ranks",
+    "sharded_cross_entropy", "sharded_log_sum_exp", "to_host", "wrap_ddp",
 ]
 
 logger = logging.getLogger(__name__)
@@ -248,18 +248,20 @@ def all_gather_sizes(counts: Sequence[int] | Tensor, device: torch.device | str)
     return to_host(out.view(world, -1))
 
 
-def _pad_rows(grad: Tensor, sizes: tuple[int, ...]) -> Tensor:
-    """``grad (Σ n_r, *S)`` laid out as ``W`` blocks of ``max n_r`` rows (zeros after each rank's rows)."""
+def _reduce_scatter_rows(grad: Tensor, sizes: tuple[int, ...], async_op: bool = False) -> tuple[Tensor, Tensor, Any]:
+    """Reduce-scatter(sum) of ``grad (Σ n_r, *S)`` (the gathered output's gradient), laid out as ``W`` blocks of
+    ``max n_r`` rows (zeros after each rank's rows): ``(out (max n, *S), the padded input, the work handle)``;
+    with ``async_op`` the collective may still be running (the caller keeps the input alive until it waits)."""
     longest = max(sizes)
-    grad = grad.contiguous()
-    if all(n == longest for n in sizes):
-        return grad
-    padded = grad.new_zeros((len(sizes) * longest, *grad.shape[1:]))  # (W·max n, *S)
-    offset = 0
-    for r, n in enumerate(sizes):
-        padded[r * longest: r * longest + n] = grad[offset: offset + n]
-        offset += n
-    return padded
+    padded = grad.contiguous()
+    if any(n != longest for n in sizes):
+        padded = grad.new_zeros((len(sizes) * longest, *grad.shape[1:]))  # (W·max n, *S)
+        offset = 0
+        for r, n in enumerate(sizes):
+            padded[r * longest: r * longest + n] = grad[offset: offset + n]
+            offset += n
+    out = padded.new_empty((longest, *padded.shape[1:]))  # (max n, *S)
+    return out, padded, _reduce_scatter_into(out, padded, async_op=async_op)
 
 
 class EarlyGradient:
@@ -279,17 +281,14 @@ class EarlyGradient:
 
     def __init__(self) -> None:
         self.sizes: tuple[int, ...] | None = None  # set by the gather's forward (W > 1)
-        self.pending: tuple[Tensor, Tensor, Any, Tensor] | None = None  # (started gradient, its padded rows,
-        # the collective's work handle, the output); the gradient is held, so autograd cannot add into it
+        self.pending: tuple[Tensor, Tensor, Tensor, Any] | None = None  # (started gradient, the output, its
+        # padded rows, the collective's work handle); the gradient is held, so autograd cannot add into it
 
     def start(self, grad: Tensor) -> None:
         """Launch the reduce-scatter of ``grad`` (the gathered output's whole gradient); returns at once."""
         if self.sizes is None or self.pending is not None:
             return
-        padded = _pad_rows(grad, self.sizes)
-        out = padded.new_empty((max(self.sizes), *padded.shape[1:]))  # (max n, *S)
-        work = _reduce_scatter_into(out, padded, async_op=True)
-        self.pending = (grad, padded, work, out)
+        self.pending = (grad, *_reduce_scatter_rows(grad, self.sizes, async_op=True))
 
     def finish(self, grad: Tensor) -> Tensor | None:
         """The reduce-scatter started for ``grad``, completed; None when none was started or another
@@ -297,7 +296,7 @@ class EarlyGradient:
         pending, self.pending = self.pending, None
         if pending is None:
             return None
-        started, _padded, work, out = pending
+        started, out, _padded, work = pending
         work.wait()
         return out if grad is started else None
 
@@ -338,9 +337,7 @@ class _AllGatherCat(torch.autograd.Function):
         sizes, rank = ctx.sizes, get_rank()
         out = ctx.early.finish(grad) if ctx.early is not None else None
         if out is None:
-            padded = _pad_rows(grad, sizes)
-            out = padded.new_empty((max(sizes), *padded.shape[1:]))  # (max n, *S)
-            _reduce_scatter_into(out, padded)
+            out = _reduce_scatter_rows(grad, sizes)[0]
         out = out[: sizes[rank]]  # (n_rank, *S)
         if ctx.grad_scale != 1.0:
             out.mul_(ctx.grad_scale)
