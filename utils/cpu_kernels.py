@@ -181,15 +181,28 @@ def _check_rows(name: str, t: Tensor, n: int, dtype: torch.dtype = torch.float32
                          f"{t.dtype} {tuple(t.shape)} on {t.device}")
 
 
+def _check_fp32(*tensors: Tensor) -> None:
+    for t in tensors:
+        if t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous():
+            raise ValueError(f"cpu_kernels: expected contiguous fp32 CPU tensors, got {t.dtype} on {t.device} "
+                             f"(contiguous: {t.is_contiguous()})")
+
+
+def _check_index(name: str, index: Tensor, limit: int, n: int | None = None, what: str = "row indices") -> None:
+    """``index`` a contiguous int64 CPU vector (of ``n`` values when given) whose values lie in ``[0, limit)``: a
+    wrong one here would make a kernel read or write outside its tensors."""
+    n = index.numel() if n is None else n
+    _check_rows(name, index, n, torch.int64)
+    if n and not (int(index.min()) >= 0 and int(index.max()) < limit):
+        raise ValueError(f"cpu_kernels: {what} in [{int(index.min())}, {int(index.max())}] outside [0, {limit})")
+
+
 def _check(weight: Tensor, grad: Tensor, rows: Tensor | None, states: tuple[Tensor, ...]) -> int:
     """Shapes, dtypes and row bounds: a wrong index here would write outside the tensors. Returns ``n``."""
     if weight.dim() != 2 or grad.dim() != 2 or grad.shape[1] != weight.shape[1]:
         raise ValueError(f"cpu_kernels: weight {tuple(weight.shape)} and gradient {tuple(grad.shape)} must be "
                          f"(rows, D) with the same D")
-    for t in (weight, grad, *states):
-        if t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous():
-            raise ValueError(f"cpu_kernels: expected contiguous fp32 CPU tensors, got {t.dtype} on {t.device} "
-                             f"(contiguous: {t.is_contiguous()})")
+    _check_fp32(weight, grad, *states)
     for t in states:
         if t.shape != weight.shape:
             raise ValueError(f"cpu_kernels: state {tuple(t.shape)} must have the weight's shape {tuple(weight.shape)}")
@@ -198,10 +211,7 @@ def _check(weight: Tensor, grad: Tensor, rows: Tensor | None, states: tuple[Tens
         if n != weight.shape[0]:
             raise ValueError(f"cpu_kernels: a dense gradient of {n} rows for a weight of {weight.shape[0]}")
     else:
-        _check_rows("rows", rows, n, torch.int64)
-        if n and not (int(rows.min()) >= 0 and int(rows.max()) < weight.shape[0]):
-            raise ValueError(f"cpu_kernels: row indices in [{int(rows.min())}, {int(rows.max())}] outside "
-                             f"[0, {weight.shape[0]})")
+        _check_index("rows", rows, weight.shape[0], n)
     return n
 
 
@@ -317,15 +327,9 @@ def gather_rows(weight: Tensor, index: Tensor, out: Tensor) -> None:
     if weight.dim() != 2 or out.dim() != 2 or out.shape != (index.numel(), weight.shape[1]):
         raise ValueError(f"cpu_kernels: gathering {index.numel()} rows of a {tuple(weight.shape)} weight into "
                          f"{tuple(out.shape)}; expected ({index.numel()}, {weight.shape[1] if weight.dim() else '?'})")
-    for t in (weight, out):
-        if t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous():
-            raise ValueError(f"cpu_kernels: expected contiguous fp32 CPU tensors, got {t.dtype} on {t.device} "
-                             f"(contiguous: {t.is_contiguous()})")
+    _check_fp32(weight, out)
+    _check_index("index", index, weight.shape[0])
     n = index.numel()
-    _check_rows("index", index, n, torch.int64)
-    if n and not (int(index.min()) >= 0 and int(index.max()) < weight.shape[0]):
-        raise ValueError(f"cpu_kernels: row indices in [{int(index.min())}, {int(index.max())}] outside "
-                         f"[0, {weight.shape[0]})")
     args = (weight.data_ptr(), index.data_ptr(), weight.shape[1], out.data_ptr())
     _over_rows(lambda begin, end, _: lib.pfc_gather_rows(*args, begin, end), n, _parts(n))
 
@@ -340,10 +344,7 @@ def sample_rows(class_start: int, num_local: int, seed: int, positives: Tensor, 
         raise ValueError(f"cpu_kernels: sampling needs 0 <= class_start, 1 <= num_local, class ids below 2^32, a "
                          f"seed in [0, 2^31) and k_base >= 0; got {class_start}, {num_local}, {seed}, {k_base}")
     positives = positives.reshape(-1)
-    _check_rows("positives", positives, positives.numel(), torch.int64)
-    if positives.numel() and not (int(positives.min()) >= 0 and int(positives.max()) < num_local):
-        raise ValueError(f"cpu_kernels: positive rows in [{int(positives.min())}, {int(positives.max())}] outside "
-                         f"[0, {num_local})")
+    _check_index("positives", positives, num_local, what="positive rows")
     out = torch.empty(min(num_local, max(k_base, positives.numel())), dtype=torch.int64)
     written = lib.pfc_sample_rows(class_start, num_local, seed, positives.data_ptr(), positives.numel(), k_base,
                                   out.data_ptr())
