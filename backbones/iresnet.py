@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from .checkpointing import maybe_checkpoint
+from .conv import Conv2d
 from .prelu import PReLU
 from .precision import full_precision
 from .registry import register_model
@@ -29,7 +30,7 @@ _TOTAL_STRIDE = 16
 
 
 def _conv3x3(in_ch: int, out_ch: int, stride: int = 1) -> nn.Conv2d:
-    return nn.Conv2d(in_ch, out_ch, kernel_size=3, stride=stride, padding=1, bias=False)
+    return Conv2d(in_ch, out_ch, kernel_size=3, stride=stride, padding=1, bias=False)
 
 
 class IBasicBlock(nn.Module):
@@ -48,7 +49,7 @@ class IBasicBlock(nn.Module):
         self.downsample: nn.Sequential | None = None
         if stride != 1 or in_ch != out_ch:
             self.downsample = nn.Sequential(
-                nn.Conv2d(in_ch, out_ch, kernel_size=1, stride=stride, bias=False),
+                Conv2d(in_ch, out_ch, kernel_size=1, stride=stride, bias=False),
                 nn.BatchNorm2d(out_ch, eps=_BN_EPS),
             )
 

@@ -686,16 +686,102 @@ def test_prelu_takes_nn_prelu_s_path_where_the_kernel_does_not_apply(monkeypatch
         module(x.bfloat16().requires_grad_())
 
 
-def test_iresnet_step_is_the_same_with_and_without_the_compiled_prelu_backward(monkeypatch):
+def test_iresnet_step_is_the_same_with_and_without_the_compiled_cpu_backwards(monkeypatch):
+    """The PReLU and narrow-convolution backward loops change gradients by rounding only, fp32 and bf16."""
     from utils import cpu_kernels
 
-    grads = {}
-    for mode in ("1", "0"):
-        monkeypatch.setenv(cpu_kernels.ENV_SWITCH, mode)
-        torch.manual_seed(0)
-        model = get_model("tiny", num_features=16, widths=(4, 8, 16, 16))
-        x = torch.randn(6, 3, 112, 112, generator=torch.Generator().manual_seed(1))
-        model(x).pow(2).sum().backward()
-        grads[mode] = {n: p.grad for n, p in model.named_parameters()}
-    for name, grad in grads["1"].items():
-        torch.testing.assert_close(grad, grads["0"][name], rtol=1e-4, atol=1e-5, msg=name)
+    for autocast in (False, True):
+        grads, ops = {}, {}
+        for mode in ("1", "0"):
+            monkeypatch.setenv(cpu_kernels.ENV_SWITCH, mode)
+            torch.manual_seed(0)
+            # the convolution loop takes the stem (3 -> 2), stage 1 (2 -> 2 twice, shortcut 2 -> 2) and stage 2's 2 -> 4
+            # and its shortcut; stage 2's 4 -> 4 and the wider stages stay torch's
+            model = get_model("tiny", num_features=16, widths=(2, 4, 16, 16))
+            x = torch.randn(6, 3, 112, 112, generator=torch.Generator().manual_seed(1))
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                out = model(x)
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                out.pow(2).sum().backward()
+            grads[mode] = {n: p.grad for n, p in model.named_parameters()}
+            ops[mode] = [e.key for e in prof.events()]
+        # with the loops, torch's convolution backward runs for the wide convolutions only
+        assert ops["0"].count("aten::convolution_backward") == 13
+        assert ops["1"].count("aten::convolution_backward") == 13 - 6
+        for name, grad in grads["1"].items():
+            # bf16: each run rounds its own sums to bf16 in the gradients' flow, so they agree at bf16's precision
+            tolerance = dict(rtol=2e-2, atol=2e-3) if autocast else dict(rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(grad, grads["0"][name], **tolerance, msg=name)
+
+
+# ---------------------------------------------------------------------------------------- narrow Conv2d's CPU backward
+def _conv_run(module: torch.nn.Module, x: torch.Tensor, autocast: bool):
+    """Output, input gradient, weight gradient and the backward's torch ops of one forward/backward."""
+    from torch.profiler import ProfilerActivity, profile
+
+    x = x.clone().requires_grad_()
+    module.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        y = module(x)
+    grad = torch.randn(y.shape, generator=torch.Generator().manual_seed(3)).to(y.dtype)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        y.backward(grad)
+    return y.detach(), x.grad, module.weight.grad, {e.key for e in prof.key_averages()}
+
+
+@pytest.mark.parametrize("dtype, autocast", [(torch.float32, False), (torch.float32, True),
+                                             (torch.bfloat16, True)])
+@pytest.mark.parametrize("ci, co, k, stride", [(3, 2, 3, 1), (2, 2, 3, 2), (2, 3, 1, 2), (3, 4, 3, 1)])
+def test_conv2d_is_nn_conv2d_with_a_compiled_cpu_backward(dtype, autocast, ci, co, k, stride):
+    from backbones.conv import Conv2d
+
+    torch.manual_seed(ci * co + k)
+    theirs = torch.nn.Conv2d(ci, co, k, stride=stride, padding=k // 2, bias=False)
+    ours = Conv2d(ci, co, k, stride=stride, padding=k // 2, bias=False)
+    ours.load_state_dict(theirs.state_dict())
+    assert ours.narrow()
+    x = torch.randn(4, ci, 29, 34).to(dtype)
+    y0, gx0, gw0, ops0 = _conv_run(theirs, x, autocast)
+    y1, gx1, gw1, ops1 = _conv_run(ours, x, autocast)
+    assert "aten::convolution_backward" in ops0 and "aten::convolution_backward" not in ops1
+    assert torch.equal(y0, y1) and y1.dtype == y0.dtype  # the forward is torch's own
+    assert gx1.dtype == dtype and gw1.dtype == torch.float32
+    lowp = autocast or dtype == torch.bfloat16  # each side rounds its input gradient to bf16 there
+    torch.testing.assert_close(gx1, gx0, rtol=1e-2 if lowp else 1e-5, atol=1e-2 if lowp else 1e-5)
+    # torch rounds the weight's gradient to bf16 under autocast; ours stays fp32: compare at bf16's precision there
+    torch.testing.assert_close(gw1, gw0, rtol=1e-2 if lowp else 1e-5, atol=1e-2 if lowp else 1e-4)
+
+
+def test_conv2d_takes_nn_conv2d_s_path_where_the_kernel_does_not_apply(monkeypatch):
+    from backbones.conv import NARROW_CHANNEL_PAIRS, Conv2d
+    from utils import cpu_kernels
+
+    x = torch.randn(2, 4, 12, 12)
+    narrow = Conv2d(4, 3, 3, padding=1, bias=False)
+    assert narrow.narrow() and "aten::convolution_backward" not in _conv_run(narrow, x, False)[3]
+    others = {
+        "wide": Conv2d(4, NARROW_CHANNEL_PAIRS // 4 + 1, 3, padding=1, bias=False),
+        "bias": Conv2d(4, 3, 3, padding=1, bias=True),
+        "groups": Conv2d(4, 2, 3, padding=1, groups=2, bias=False),
+        "dilation": Conv2d(4, 3, 3, padding=2, dilation=2, bias=False),
+        "5x5": Conv2d(4, 3, 5, padding=2, bias=False),
+        "stride 3": Conv2d(4, 3, 3, stride=3, padding=1, bias=False),
+        "reflect": Conv2d(4, 3, 3, padding=1, padding_mode="reflect", bias=False),
+        "same": Conv2d(4, 3, 3, padding="same", bias=False),
+    }
+    for name, module in others.items():
+        assert not module.narrow(), name
+        assert "aten::convolution_backward" in _conv_run(module, x, False)[3], name
+    channels_last = x.contiguous(memory_format=torch.channels_last)
+    assert "aten::convolution_backward" in _conv_run(narrow, channels_last, False)[3]
+    monkeypatch.setenv(cpu_kernels.ENV_SWITCH, "0")
+    assert "aten::convolution_backward" in _conv_run(narrow, x, False)[3]
+    monkeypatch.setenv(cpu_kernels.ENV_SWITCH, "1")
+    with torch.no_grad():
+        assert torch.equal(narrow(x), torch.nn.functional.conv2d(x, narrow.weight, padding=1))
+    with pytest.raises(RuntimeError, match="should be the same"):  # as nn.Conv2d, mixed dtypes outside autocast
+        narrow(x.bfloat16().requires_grad_())
+    # the image input needs no gradient: only the weight's is computed
+    stem = Conv2d(3, 2, 3, padding=1, bias=False)
+    stem(torch.randn(2, 3, 10, 10)).sum().backward()
+    assert stem.weight.grad is not None and stem.weight.grad.dtype == torch.float32

@@ -172,7 +172,7 @@ def test_without_a_compiler_the_torch_operations_run(fresh_cache, monkeypatch, c
     with caplog.at_level(logging.INFO, logger="utils.cpu_kernels"):
         assert cpu_kernels.library() is None and cpu_kernels.library() is None
     said = [r.getMessage() for r in caplog.records]
-    assert said == ["CPU kernels: no C compiler (no-such-compiler-here); the head and PReLU use torch operations"]
+    assert said == ["CPU kernels: no C compiler (no-such-compiler-here); the head, PReLU and narrow convolutions use torch operations"]
     assert not cpu_kernels.usable(torch.zeros(2, 2))
     with pytest.raises(RuntimeError, match="the kernels are unavailable"):
         cpu_kernels.sgd_rows(torch.zeros(2, 2), torch.zeros(2, 2), torch.zeros(2, 2), None, 0.1, 0.9, 0.0)
@@ -459,3 +459,74 @@ def test_the_cpu_tactic_gathers_the_sampled_rows_with_the_kernel(sub_centers, mo
     assert calls == [(90, 16 * sub_centers)]  # once, with the CPU tactic: int(0.3 · 301) rows
     for a, b in zip(*results):  # to rounding (ArcFace's s = 64 makes the weight gradient's values ~100)
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * float(b.abs().max()))
+
+
+# ---------------------------------------------------------------------------------------- narrow convolution backward
+def _conv_reference(x: torch.Tensor, grad: torch.Tensor, weight: torch.Tensor, stride: int, padding: int):
+    """The gradients in float64, and the sums of their terms' magnitudes (the scale of their rounding)."""
+    def grads(x64, g64, w64):
+        return torch.ops.aten.convolution_backward(g64, x64, w64, None, [stride] * 2, [padding] * 2, [1, 1], False,
+                                                   [0, 0], 1, [True, True, False])[:2]
+    want = grads(x.double(), grad.double(), weight.double())
+    size = grads(x.double().abs(), grad.double().abs(), weight.double().abs())
+    return want, size
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n, ci, co, k, stride, padding, h, w", [
+    (4, 2, 2, 3, 1, 1, 20, 37),   # rows not a multiple of the 16 lanes, h != w
+    (3, 3, 2, 3, 1, 1, 17, 16),   # the stem: 3 -> 2
+    (2, 2, 2, 3, 2, 1, 19, 22),   # stride 2, odd and even sizes
+    (2, 2, 3, 1, 2, 0, 15, 18),   # the strided 1x1 shortcut
+    (1, 3, 4, 3, 2, 0, 9, 11),    # no padding
+    (2, 1, 3, 3, 1, 2, 6, 5),     # padding k - 1
+    (1, 2, 1, 1, 1, 0, 1, 1),     # one pixel
+])
+def test_conv2d_backward_matches_float64_torch(dtype, n, ci, co, k, stride, padding, h, w):
+    g = torch.Generator().manual_seed(n * 100 + ci * 10 + co + h)
+    x = torch.randn(n, ci, h, w, generator=g).to(dtype)
+    weight = torch.randn(co, ci, k, k, generator=g).to(dtype)  # the values a forward in `dtype` used
+    out = torch.nn.functional.conv2d(x.float(), weight.float(), stride=stride, padding=padding)
+    grad = torch.randn(out.shape, generator=g).to(dtype)
+    gx, gw = cpu_kernels.conv2d_backward(x, grad, weight, stride, padding)
+    (want_gx, want_gw), (size_gx, size_gw) = _conv_reference(x, grad, weight, stride, padding)
+    assert gx.dtype == dtype and gx.shape == x.shape and gw.dtype == torch.float32 and gw.shape == weight.shape
+    rounding = 2.0 ** -8 if dtype == torch.bfloat16 else 0.0  # the input's gradient is rounded once to bf16
+    assert ((gx.double() - want_gx).abs() <= rounding * want_gx.abs() + 1e-6 * size_gx).all()
+    assert ((gw.double() - want_gw).abs() <= 1e-6 * size_gw).all()
+    gx_none, gw_alone = cpu_kernels.conv2d_backward(x, grad, weight, stride, padding, input_grad=False)
+    assert gx_none is None and torch.equal(gw_alone, gw)
+
+
+def test_conv2d_backward_is_the_same_on_any_number_of_threads():
+    g = torch.Generator().manual_seed(5)
+    x, weight = torch.randn(7, 2, 24, 24, generator=g).bfloat16(), torch.randn(2, 2, 3, 3, generator=g)
+    grad = torch.randn(7, 2, 24, 24, generator=g).bfloat16()
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 3):  # images split over threads: the same input gradient, the weight's to rounding
+            torch.set_num_threads(threads)
+            results.append(cpu_kernels.conv2d_backward(x, grad, weight, 1, 1))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(results[0][0], results[1][0])
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-6, atol=1e-6)
+
+
+def test_conv2d_backward_bad_arguments_name_what_is_wrong():
+    x, w = torch.randn(2, 3, 8, 8), torch.randn(2, 3, 3, 3)
+    with pytest.raises(ValueError, match=r"gradient torch.float32 \(2, 2, 8, 7\) must be torch.float32 \(2, 2, 8, 8\)"):
+        cpu_kernels.conv2d_backward(x, torch.randn(2, 2, 8, 7), w, 1, 1)
+    with pytest.raises(ValueError, match=r"weight \(2, 4, 3, 3\) must be \(Co, 3, k, k\)"):
+        cpu_kernels.conv2d_backward(x, torch.randn(2, 2, 8, 8), torch.randn(2, 4, 3, 3), 1, 1)
+    with pytest.raises(ValueError, match=r"stride 3 \(1 or 2 allowed\) or padding 1"):
+        cpu_kernels.conv2d_backward(x, torch.randn(2, 2, 3, 3), w, 3, 1)
+    with pytest.raises(ValueError, match=r"padding 3 \(0 to 2 allowed for a 3x3 kernel\)"):
+        cpu_kernels.conv2d_backward(x, torch.randn(2, 2, 12, 12), w, 1, 3)
+    with pytest.raises(ValueError, match=r"the convolution input must be a contiguous CPU tensor"):
+        cpu_kernels.conv2d_backward(x.transpose(2, 3), torch.randn(2, 2, 8, 8), w, 1, 1)
+    with pytest.raises(ValueError, match=r"fp32 or bf16, got torch.float64"):
+        cpu_kernels.conv2d_backward(x.double(), torch.randn(2, 2, 8, 8).double(), w, 1, 1)
+    with pytest.raises(ValueError, match=r"gradient torch.bfloat16 \(2, 2, 8, 8\) must be torch.float32"):
+        cpu_kernels.conv2d_backward(x, torch.randn(2, 2, 8, 8).bfloat16(), w, 1, 1)
