@@ -482,7 +482,7 @@ def _conv_reference(x: torch.Tensor, grad: torch.Tensor, weight: torch.Tensor, s
     (2, 1, 3, 3, 1, 2, 6, 5),     # padding k - 1
     (1, 2, 1, 1, 1, 0, 1, 1),     # one pixel
 ])
-def test_conv2d_backward_matches_float64_torch(dtype, n, ci, co, k, stride, padding, h, w):
+def test_conv2d_loops_match_float64_torch(dtype, n, ci, co, k, stride, padding, h, w):
     g = torch.Generator().manual_seed(n * 100 + ci * 10 + co + h)
     x = torch.randn(n, ci, h, w, generator=g).to(dtype)
     weight = torch.randn(co, ci, k, k, generator=g).to(dtype)  # the values a forward in `dtype` used
@@ -496,9 +496,15 @@ def test_conv2d_backward_matches_float64_torch(dtype, n, ci, co, k, stride, padd
     assert ((gw.double() - want_gw).abs() <= 1e-6 * size_gw).all()
     gx_none, gw_alone = cpu_kernels.conv2d_backward(x, grad, weight, stride, padding, input_grad=False)
     assert gx_none is None and torch.equal(gw_alone, gw)
+    # the forward: a float sum per output value, rounded once
+    y = cpu_kernels.conv2d_forward(x, weight, stride, padding)
+    want_y = torch.nn.functional.conv2d(x.double(), weight.double(), stride=stride, padding=padding)
+    size_y = torch.nn.functional.conv2d(x.double().abs(), weight.double().abs(), stride=stride, padding=padding)
+    assert y.dtype == dtype and y.shape == want_y.shape
+    assert ((y.double() - want_y).abs() <= rounding * want_y.abs() + 1e-6 * size_y).all()
 
 
-def test_conv2d_backward_is_the_same_on_any_number_of_threads():
+def test_conv2d_loops_are_the_same_on_any_number_of_threads():
     g = torch.Generator().manual_seed(5)
     x, weight = torch.randn(7, 2, 24, 24, generator=g).bfloat16(), torch.randn(2, 2, 3, 3, generator=g)
     grad = torch.randn(7, 2, 24, 24, generator=g).bfloat16()
@@ -507,10 +513,11 @@ def test_conv2d_backward_is_the_same_on_any_number_of_threads():
         results = []
         for threads in (1, 3):  # images split over threads: the same input gradient, the weight's to rounding
             torch.set_num_threads(threads)
-            results.append(cpu_kernels.conv2d_backward(x, grad, weight, 1, 1))
+            results.append((*cpu_kernels.conv2d_backward(x, grad, weight, 1, 1),
+                            cpu_kernels.conv2d_forward(x, weight, 1, 1)))
     finally:
         torch.set_num_threads(before)
-    assert torch.equal(results[0][0], results[1][0])
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][2], results[1][2])
     torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-6, atol=1e-6)
 
 
@@ -522,7 +529,7 @@ def test_conv2d_backward_bad_arguments_name_what_is_wrong():
         cpu_kernels.conv2d_backward(x, torch.randn(2, 2, 8, 8), torch.randn(2, 4, 3, 3), 1, 1)
     with pytest.raises(ValueError, match=r"stride 3 \(1 or 2 allowed\) or padding 1"):
         cpu_kernels.conv2d_backward(x, torch.randn(2, 2, 3, 3), w, 3, 1)
-    with pytest.raises(ValueError, match=r"padding 3 \(0 to 2 allowed for a 3x3 kernel\)"):
+    with pytest.raises(ValueError, match=r"padding 3 \(0 to 2 allowed for a 3x3 kernel, leaving an output\) on a 8x8"):
         cpu_kernels.conv2d_backward(x, torch.randn(2, 2, 12, 12), w, 1, 3)
     with pytest.raises(ValueError, match=r"the convolution input must be a contiguous CPU tensor"):
         cpu_kernels.conv2d_backward(x.transpose(2, 3), torch.randn(2, 2, 8, 8), w, 1, 1)
@@ -530,3 +537,10 @@ def test_conv2d_backward_bad_arguments_name_what_is_wrong():
         cpu_kernels.conv2d_backward(x.double(), torch.randn(2, 2, 8, 8).double(), w, 1, 1)
     with pytest.raises(ValueError, match=r"gradient torch.bfloat16 \(2, 2, 8, 8\) must be torch.float32"):
         cpu_kernels.conv2d_backward(x, torch.randn(2, 2, 8, 8).bfloat16(), w, 1, 1)
+    with pytest.raises(ValueError, match=r"weight \(2, 4, 3, 3\) must be \(Co, 3, k, k\)"):
+        cpu_kernels.conv2d_forward(x, torch.randn(2, 4, 3, 3), 1, 1)
+    with pytest.raises(ValueError, match=r"stride 2 \(1 or 2 allowed\) or padding 0 \(0 to 2 allowed for a 3x3 kernel, "
+                                         r"leaving an output\) on a 2x2 input"):
+        cpu_kernels.conv2d_forward(torch.randn(1, 3, 2, 2), w, 2, 0)
+    with pytest.raises(ValueError, match=r"the convolution input must be a contiguous CPU tensor"):
+        cpu_kernels.conv2d_forward(x.transpose(2, 3), w, 1, 1)

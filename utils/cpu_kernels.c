@@ -1,6 +1,6 @@
 /* CPU loops (see utils/cpu_kernels.py): the head's optimizer row updates, one pass over each row, and its fused
    margin-softmax's passes over the (B, C) cosines; the backbones' PReLU backward, one pass over its input, and
-   narrow convolutions' backward.
+   narrow convolutions, forward and backward.
 
    torch runs these updates as several whole-tensor operations, each reading and writing every row again;
    here each row of weight, state and gradient is read once and written once. The arithmetic is torch's,
@@ -18,7 +18,7 @@
 #define CLONES
 #endif
 
-int64_t pfc_kernels_abi(void) { return 7; }
+int64_t pfc_kernels_abi(void) { return 8; }
 
 /* SGD with momentum and weight decay (torch.optim.SGD, dampening 0, no Nesterov) on rows [begin, end) of an
    n-row update of d values (the caller splits the rows between threads; rows are unique, so threads never
@@ -440,6 +440,37 @@ static inline __attribute__((always_inline)) void pfc_conv_row_axpy(float *restr
   for (int64_t j = 0; j < wo; ++j) acc[j] = fmaf(v, g[j], acc[j]);
 }
 
+/* One image's ci channels of h x wd values (fp32 or bf16) into zero-padded float planes of hp rows of `row` values,
+   split by phase (below); `line` holds wd floats. The padding stays as it is (0 from calloc). */
+static inline __attribute__((always_inline)) void pfc_conv_load(float *restrict xp, float *restrict line,
+                                                                const char *xi, int bf16, int64_t ci, int64_t h,
+                                                                int64_t wd, int64_t pad, int S, int64_t wq,
+                                                                int64_t row, int64_t plane) {
+  const size_t elem = bf16 ? sizeof(uint16_t) : sizeof(float);
+  for (int64_t c = 0; c < ci; ++c)
+    for (int64_t y = 0; y < h; ++y) {
+      float *dst = xp + c * plane + (y + pad) * row;
+      pfc_conv_widen(line, xi + (size_t)((c * h + y) * wd) * elem, bf16, wd);
+      for (int ph = 0; ph < S; ++ph) {  /* the columns j with (j + pad) mod S = ph, in order */
+        const int64_t j0 = ((ph - pad) % S + S) % S;
+        float *restrict d = dst + ph * wq + (j0 + pad) / S;
+        for (int64_t m = 0; j0 + m * S < wd; ++m) d[m] = line[j0 + m * S];
+      }
+    }
+}
+
+/* n floats into out (fp32, or bf16 rounded to nearest even). */
+static inline __attribute__((always_inline)) void pfc_conv_store(void *out, const float *restrict src, int bf16,
+                                                                 int64_t n) {
+  if (bf16) {
+    uint16_t *restrict o16 = (uint16_t *)out;
+    for (int64_t j = 0; j < n; ++j) o16[j] = pfc_f32_to_bf16(src[j]);
+  } else {
+    float *restrict o32 = (float *)out;
+    for (int64_t j = 0; j < n; ++j) o32[j] = src[j];
+  }
+}
+
 /* Rows are kept split by phase: column p of a padded row of wp values sits at phase p mod s, place p / s, each
    phase wq values long. Tap kw of output column ox reads padded column ox·s + kw: phase kw mod s, place
    ox + kw / s, so every row loop runs over consecutive values, whatever the stride. */
@@ -463,15 +494,9 @@ static inline __attribute__((always_inline)) int pfc_conv_backward_body(
   }
   const size_t elem = bf16 ? sizeof(uint16_t) : sizeof(float);
   for (int64_t i = begin; i < end; ++i) {
-    const char *xi = (const char *)x + (size_t)(i * ci * h * wd) * elem;
-    const char *gi = (const char *)g + (size_t)(i * co * out_plane) * elem;
-    for (int64_t c = 0; c < ci; ++c)  /* the padding stays 0 from calloc */
-      for (int64_t y = 0; y < h; ++y) {
-        float *dst = xp + c * plane + (y + pad) * row;
-        pfc_conv_widen(line, xi + (size_t)((c * h + y) * wd) * elem, bf16, wd);
-        for (int64_t j = 0; j < wd; ++j) dst[((j + pad) % S) * wq + (j + pad) / S] = line[j];
-      }
-    pfc_conv_widen(gf, gi, bf16, co * out_plane);
+    pfc_conv_load(xp, line, (const char *)x + (size_t)(i * ci * h * wd) * elem, bf16, ci, h, wd, pad, S, wq, row,
+                  plane);
+    pfc_conv_widen(gf, (const char *)g + (size_t)(i * co * out_plane) * elem, bf16, co * out_plane);
     /* Weight gradient, an output row at a time (its rows of g and x stay in L1 across the taps). */
     for (int64_t j = 0; j < taps * LANES; ++j) lanes[j] = 0.0f;
     for (int64_t oy = 0; oy < ho; ++oy)
@@ -500,15 +525,12 @@ static inline __attribute__((always_inline)) int pfc_conv_backward_body(
             for (int64_t kw = 0; kw < k; ++kw)
               pfc_conv_row_axpy(acc + (kw % S) * wq + kw / S, grow, w[((o * ci + c) * k + kh) * k + kw], wo);
           }
-        for (int64_t j = 0; j < wd; ++j) line[j] = acc[((j + pad) % S) * wq + (j + pad) / S];
-        const int64_t base = ((i * ci + c) * h + y) * wd;
-        if (bf16) {
-          uint16_t *restrict out = (uint16_t *)gx + base;
-          for (int64_t j = 0; j < wd; ++j) out[j] = pfc_f32_to_bf16(line[j]);
-        } else {
-          float *restrict out = (float *)gx + base;
-          for (int64_t j = 0; j < wd; ++j) out[j] = line[j];
+        for (int ph = 0; ph < S; ++ph) {  /* back from the phases, as pfc_conv_load splits them */
+          const int64_t j0 = ((ph - pad) % S + S) % S;
+          const float *restrict a = acc + ph * wq + (j0 + pad) / S;
+          for (int64_t m = 0; j0 + m * S < wd; ++m) line[j0 + m * S] = a[m];
         }
+        pfc_conv_store((char *)gx + (size_t)(((i * ci + c) * h + y) * wd) * elem, line, bf16, wd);
       }
   }
   free(xp);
@@ -545,4 +567,70 @@ int pfc_conv_backward(PFC_CONV_ARGS) {
     return pfc_conv_backward_avx2(x, g, w, bf16, ci, co, h, wd, ho, wo, k, s, pad, gx, gw, begin, end);
 #endif
   return pfc_conv_dispatch(x, g, w, bf16, ci, co, h, wd, ho, wo, k, s, pad, gx, gw, begin, end);
+}
+
+/* Forward of the same narrow convolutions: out (n, co, ho, wo), like x, for images [begin, end). Every output value
+   is a float sum over the taps (c, kh, kw) in that order, one fused multiply-add each, rounded once (to bf16 for a
+   bf16 x): torch's oneDNN kernels sum in another order, so the values agree to rounding. Returns 0, or -1 when the
+   planes cannot be allocated. */
+static inline __attribute__((always_inline)) int pfc_conv_forward_body(
+    const void *x, const float *w, int bf16, int64_t ci, int64_t co, int64_t h, int64_t wd, int64_t ho, int64_t wo,
+    int64_t k, int S, int64_t pad, void *out, int64_t begin, int64_t end) {
+  const int64_t hp = h + 2 * pad, wp = wd + 2 * pad, wq = (wp + S - 1) / S, row = S * wq, plane = hp * row;
+  float *xp = (float *)calloc((size_t)(ci * plane), sizeof(float));
+  float *line = (float *)malloc((size_t)wd * sizeof(float));
+  float *acc = (float *)malloc((size_t)wo * sizeof(float));
+  if (!xp || !line || !acc) {
+    free(xp);
+    free(line);
+    free(acc);
+    return -1;
+  }
+  const size_t elem = bf16 ? sizeof(uint16_t) : sizeof(float);
+  for (int64_t i = begin; i < end; ++i) {
+    pfc_conv_load(xp, line, (const char *)x + (size_t)(i * ci * h * wd) * elem, bf16, ci, h, wd, pad, S, wq, row,
+                  plane);
+    for (int64_t o = 0; o < co; ++o)
+      for (int64_t oy = 0; oy < ho; ++oy) {
+        for (int64_t j = 0; j < wo; ++j) acc[j] = 0.0f;
+        for (int64_t c = 0; c < ci; ++c)
+          for (int64_t kh = 0; kh < k; ++kh)
+            for (int64_t kw = 0; kw < k; ++kw)
+              pfc_conv_row_axpy(acc, xp + c * plane + (oy * S + kh) * row + (kw % S) * wq + kw / S,
+                                w[((o * ci + c) * k + kh) * k + kw], wo);
+        pfc_conv_store((char *)out + (size_t)(((i * co + o) * ho + oy) * wo) * elem, acc, bf16, wo);
+      }
+  }
+  free(xp);
+  free(line);
+  free(acc);
+  return 0;
+}
+
+#define PFC_CONV_FORWARD_ARGS                                                                                  \
+  const void *x, const float *w, int bf16, int64_t ci, int64_t co, int64_t h, int64_t wd, int64_t ho, int64_t wo, \
+      int64_t k, int64_t s, int64_t pad, void *out, int64_t begin, int64_t end
+static inline __attribute__((always_inline)) int pfc_conv_forward_dispatch(PFC_CONV_FORWARD_ARGS) {
+  if (s == 1) return pfc_conv_forward_body(x, w, bf16, ci, co, h, wd, ho, wo, k, 1, pad, out, begin, end);
+  if (s == 2) return pfc_conv_forward_body(x, w, bf16, ci, co, h, wd, ho, wo, k, 2, pad, out, begin, end);
+  return -2;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx512f,avx512bw"))) static int pfc_conv_forward_avx512bw(PFC_CONV_FORWARD_ARGS) {
+  return pfc_conv_forward_dispatch(x, w, bf16, ci, co, h, wd, ho, wo, k, s, pad, out, begin, end);
+}
+__attribute__((target("avx2,fma"))) static int pfc_conv_forward_avx2(PFC_CONV_FORWARD_ARGS) {
+  return pfc_conv_forward_dispatch(x, w, bf16, ci, co, h, wd, ho, wo, k, s, pad, out, begin, end);
+}
+#endif
+
+int pfc_conv_forward(PFC_CONV_FORWARD_ARGS) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (__builtin_cpu_supports("avx512bw"))
+    return pfc_conv_forward_avx512bw(x, w, bf16, ci, co, h, wd, ho, wo, k, s, pad, out, begin, end);
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    return pfc_conv_forward_avx2(x, w, bf16, ci, co, h, wd, ho, wo, k, s, pad, out, begin, end);
+#endif
+  return pfc_conv_forward_dispatch(x, w, bf16, ci, co, h, wd, ho, wo, k, s, pad, out, begin, end);
 }

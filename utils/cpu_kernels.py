@@ -1,5 +1,5 @@
 """Compiled CPU loops: the head's optimizer row updates, fused margin-softmax passes, class sampling and gather of
-the sampled rows; the backbones' PReLU and narrow-convolution backwards.
+the sampled rows; the backbones' PReLU backward and narrow convolutions.
 
 Optimizers (``sgd_rows``, ``adamw_rows``): torch updates the rows of an SGD or AdamW step with several
 whole-tensor operations (and, for sampled rows, a gather before and a scatter after), so each row of weight and
@@ -33,12 +33,12 @@ the convolution around it at the demo's widths; the loop here reads the input an
 the input's gradient once (fp32 and bf16). The input's gradient is torch's, to the bit; the slope's gradient is
 summed in another order (float lanes, double totals), so it agrees to rounding.
 
-Narrow convolution backward (``conv2d_backward``; ``backbones.conv.Conv2d``): oneDNN blocks channels in 8s or 16s,
-so the backward of a convolution with two or three channels at 112x112 costs 20-30 ms for 32 images (~4 ms
-forward). The loop widens one image into zero-padded float rows (split by phase for stride 2, so every row loop
-reads consecutive values) and computes the weight's gradient an output row at a time, in 16 fixed float lanes
-added to doubles per image, and the input's an input row at a time, as a float sum over the taps in a fixed
-order rounded once: 2-5 ms. The gradients agree with torch's to rounding.
+Narrow convolutions (``conv2d_forward``, ``conv2d_backward``; ``backbones.conv.Conv2d``): oneDNN blocks channels in
+8s or 16s, so a convolution with two or three channels at 112x112 costs 20-30 ms backward and 2-4 ms forward for
+32 images. The loops widen one image into zero-padded float rows (split by phase for stride 2, so every row loop
+reads consecutive values); the forward and the input's gradient are float sums over the taps in a fixed order,
+an output row at a time, rounded once; the weight's gradient is summed an output row at a time in 16 fixed float
+lanes, added to doubles per image: 1-2 ms forward, 2-5 ms backward. The values agree with torch's to rounding.
 
 The C file is compiled on first use with the system's C compiler (``$CC``, else ``cc``) into
 ``$XDG_CACHE_HOME/partial_fc/cpu_kernels/`` (``~/.cache`` by default), named by a hash of the source, the
@@ -66,14 +66,14 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-__all__ = ["ENV_SWITCH", "SOURCE", "adamw_rows", "cache_dir", "conv2d_backward", "gather_rows", "library",
-           "prelu_backward", "sample_rows", "sgd_rows", "softmax_backward", "softmax_forward", "usable"]
+__all__ = ["ENV_SWITCH", "SOURCE", "adamw_rows", "cache_dir", "conv2d_backward", "conv2d_forward", "gather_rows",
+           "library", "prelu_backward", "sample_rows", "sgd_rows", "softmax_backward", "softmax_forward", "usable"]
 
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_suffix(".c")
 ENV_SWITCH = "PFC_CPU_KERNELS"  # "0": never use the compiled kernels (the torch operations run instead)
-_ABI = 7  # pfc_kernels_abi() of the C file this module speaks to
+_ABI = 8  # pfc_kernels_abi() of the C file this module speaks to
 _FLAGS = ("-O3", "-shared", "-fPIC", "-ffp-contract=off", "-fno-math-errno", "-std=c11")
 
 _MIN_ROWS_PER_THREAD = 256  # smaller updates run on the calling thread
@@ -173,6 +173,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.pfc_sample_rows.restype = i64
     lib.pfc_conv_backward.argtypes = [p, p, p, i32, i64, i64, i64, i64, i64, i64, i64, i64, i64, p, p, i64, i64]
     lib.pfc_conv_backward.restype = i32
+    lib.pfc_conv_forward.argtypes = [p, p, i32, i64, i64, i64, i64, i64, i64, i64, i64, i64, p, i64, i64]
+    lib.pfc_conv_forward.restype = i32
     for name in ("pfc_prelu_backward", "pfc_prelu_backward_bf16"):
         getattr(lib, name).argtypes = [p, p, p, i64, i64, p, p, i64, i64]
         getattr(lib, name).restype = None
@@ -392,46 +394,74 @@ def prelu_backward(x: Tensor, grad: Tensor, slopes: Tensor) -> tuple[Tensor, Ten
     return gx, (total.sum() if slopes.numel() == 1 else total).float().reshape(slopes.shape)
 
 
-def conv2d_backward(x: Tensor, grad: Tensor, weight: Tensor, stride: int, padding: int,
-                    input_grad: bool = True) -> tuple[Tensor | None, Tensor]:
-    """The gradients of ``conv2d(x, weight, stride=stride, padding=padding)`` (square kernel, one group, no
-    dilation, zero padding) for its upstream ``grad``: ``x (N, Ci, H, W)`` and ``grad (N, Co, Ho, Wo)`` contiguous
-    CPU tensors, both fp32 or both bf16; ``weight (Co, Ci, k, k)`` holds the values the forward used (bf16-rounded
-    for a bf16 forward; any float dtype, read as fp32). Returns the input's gradient (like ``x``; None unless
-    ``input_grad``) and the weight's (fp32). bf16 values are widened to fp32 inside the loop; the input's gradient
-    is rounded to bf16 once at the end, the weight's is summed in doubles per image (see the C file)."""
-    lib = _required()
+def _conv_shapes(x: Tensor, weight: Tensor, stride: int, padding: int) -> tuple[int, ...]:
+    """``(n, ci, h, w, co, k, ho, wo)`` of a convolution the loops take, after checking its input and weight."""
     if x.dim() != 4 or x.dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"cpu_kernels: convolution input must be (N, C, H, W) fp32 or bf16, got {x.dtype} "
                          f"{tuple(x.shape)}")
-    for name, t in (("input", x), ("gradient", grad)):
-        if t.device.type != "cpu" or not t.is_contiguous():
-            raise ValueError(f"cpu_kernels: the convolution {name} must be a contiguous CPU tensor, got {t.device} "
-                             f"(contiguous: {t.is_contiguous()})")
+    if x.device.type != "cpu" or not x.is_contiguous():
+        raise ValueError(f"cpu_kernels: the convolution input must be a contiguous CPU tensor, got {x.device} "
+                         f"(contiguous: {x.is_contiguous()})")
     n, ci, h, w = x.shape
     if weight.dim() != 4 or weight.shape[1] != ci or weight.shape[2] != weight.shape[3]:
         raise ValueError(f"cpu_kernels: convolution weight {tuple(weight.shape)} must be (Co, {ci}, k, k)")
     co, k = weight.shape[0], weight.shape[2]
-    if stride not in (1, 2) or not 0 <= padding < k:
-        raise ValueError(f"cpu_kernels: convolution stride {stride} (1 or 2 allowed) or padding {padding} (0 to "
-                         f"{k - 1} allowed for a {k}x{k} kernel)")
     ho, wo = (h + 2 * padding - k) // stride + 1, (w + 2 * padding - k) // stride + 1
-    if ho < 1 or wo < 1 or grad.shape != (n, co, ho, wo) or grad.dtype != x.dtype:
+    if stride not in (1, 2) or not 0 <= padding < k or ho < 1 or wo < 1:
+        raise ValueError(f"cpu_kernels: convolution stride {stride} (1 or 2 allowed) or padding {padding} (0 to "
+                         f"{k - 1} allowed for a {k}x{k} kernel, leaving an output) on a {h}x{w} input")
+    return n, ci, h, w, co, k, ho, wo
+
+
+def conv2d_forward(x: Tensor, weight: Tensor, stride: int, padding: int) -> Tensor:
+    """``conv2d(x, weight, stride=stride, padding=padding)`` (square kernel, one group, no dilation, zero padding,
+    no bias) for a contiguous fp32 or bf16 CPU ``x (N, Ci, H, W)`` and ``weight (Co, Ci, k, k)`` (any float dtype,
+    read as fp32: pass the values to use, bf16-rounded for a bf16 convolution). The output is like ``x``: each
+    value a float sum over the taps in a fixed order, rounded once (see the C file); torch's agree to rounding."""
+    lib = _required()
+    n, ci, h, w, co, k, ho, wo = _conv_shapes(x, weight, stride, padding)
+    values = weight.detach().float().contiguous()
+    out = torch.empty(n, co, ho, wo, dtype=x.dtype)
+    _run_conv(lambda begin, end, part: lib.pfc_conv_forward(
+        x.data_ptr(), values.data_ptr(), int(x.dtype == torch.bfloat16), ci, co, h, w, ho, wo, k, stride, padding,
+        out.data_ptr(), begin, end), n, x.shape)
+    return out
+
+
+def conv2d_backward(x: Tensor, grad: Tensor, weight: Tensor, stride: int, padding: int,
+                    input_grad: bool = True) -> tuple[Tensor | None, Tensor]:
+    """The gradients of ``conv2d(x, weight, stride=stride, padding=padding)`` (as ``conv2d_forward``) for its
+    upstream ``grad (N, Co, Ho, Wo)``, a contiguous CPU tensor of ``x``'s dtype; ``weight`` holds the values the
+    forward used. Returns the input's gradient (like ``x``; None unless ``input_grad``) and the weight's (fp32).
+    The input's gradient is a float sum over the taps in a fixed order rounded once (to bf16 for bf16), the
+    weight's is summed in float lanes and doubles per image (see the C file)."""
+    lib = _required()
+    n, ci, h, w, co, k, ho, wo = _conv_shapes(x, weight, stride, padding)
+    if grad.device.type != "cpu" or not grad.is_contiguous():
+        raise ValueError(f"cpu_kernels: the convolution gradient must be a contiguous CPU tensor, got {grad.device} "
+                         f"(contiguous: {grad.is_contiguous()})")
+    if grad.shape != (n, co, ho, wo) or grad.dtype != x.dtype:
         raise ValueError(f"cpu_kernels: convolution gradient {grad.dtype} {tuple(grad.shape)} must be {x.dtype} "
                          f"{(n, co, ho, wo)}")
     values = weight.detach().float().contiguous()
     gx = torch.empty_like(x) if input_grad else None
     parts = _parts(n, 1)
     sums = torch.zeros(parts, co, ci, k, k, dtype=torch.float64)  # each thread's sums, added in order below
+    _run_conv(lambda begin, end, part: lib.pfc_conv_backward(
+        x.data_ptr(), grad.data_ptr(), values.data_ptr(), int(x.dtype == torch.bfloat16), ci, co, h, w, ho, wo, k,
+        stride, padding, gx.data_ptr() if gx is not None else None, sums[part].data_ptr(), begin, end), n, x.shape)
+    return gx, sums.sum(0).float()
+
+
+def _run_conv(kernel: Callable[[int, int, int], int], n: int, shape: torch.Size) -> None:
+    """A convolution loop over ``n`` images split between threads (``_parts``, in the order ``conv2d_backward``'s
+    per-thread sums assume); MemoryError when a thread could not allocate its planes."""
     failed = []
 
     def run(begin: int, end: int, part: int) -> None:
-        if lib.pfc_conv_backward(x.data_ptr(), grad.data_ptr(), values.data_ptr(), int(x.dtype == torch.bfloat16),
-                                 ci, co, h, w, ho, wo, k, stride, padding, gx.data_ptr() if gx is not None else None,
-                                 sums[part].data_ptr(), begin, end) != 0:
+        if kernel(begin, end, part) != 0:
             failed.append(part)
 
-    _over_rows(run, n, parts)
+    _over_rows(run, n, _parts(n, 1))
     if failed:
-        raise MemoryError(f"cpu_kernels: no memory for the convolution planes of a {tuple(x.shape)} input")
-    return gx, sums.sum(0).float()
+        raise MemoryError(f"cpu_kernels: no memory for the convolution planes of a {tuple(shape)} input")
