@@ -633,8 +633,8 @@ def test_channels_last_check_refuses_the_cpu_only() -> None:
 
 
 # ---------------------------------------------------------------------------------------- PReLU's CPU backward
-def _prelu_run(module: torch.nn.Module, x: torch.Tensor, autocast: bool):
-    """Output, input gradient, slope gradient and the backward's torch ops of one forward/backward."""
+def _module_run(module: torch.nn.Module, x: torch.Tensor, autocast: bool):
+    """Output, input gradient, weight gradient and the backward's torch ops of one forward/backward."""
     from torch.profiler import ProfilerActivity, profile
 
     x = x.clone().requires_grad_()
@@ -659,8 +659,8 @@ def test_prelu_is_nn_prelu_with_a_compiled_cpu_backward(dtype, autocast, slopes)
     ours = PReLU(slopes)
     ours.load_state_dict(theirs.state_dict())
     x = torch.randn(4, 6, 23, 23).to(dtype)
-    y0, gx0, gw0, ops0 = _prelu_run(theirs, x, autocast)
-    y1, gx1, gw1, ops1 = _prelu_run(ours, x, autocast)
+    y0, gx0, gw0, ops0 = _module_run(theirs, x, autocast)
+    y1, gx1, gw1, ops1 = _module_run(ours, x, autocast)
     assert "aten::_prelu_kernel_backward" in ops0 and "aten::_prelu_kernel_backward" not in ops1
     assert torch.equal(y0, y1) and y1.dtype == y0.dtype
     assert torch.equal(gx0, gx1) and gx1.dtype == dtype
@@ -676,9 +676,9 @@ def test_prelu_takes_nn_prelu_s_path_where_the_kernel_does_not_apply(monkeypatch
     module = PReLU(6)
     x = torch.randn(4, 6, 9, 9)
     channels_last = x.contiguous(memory_format=torch.channels_last)
-    assert "aten::_prelu_kernel_backward" in _prelu_run(module, channels_last, False)[3]
+    assert "aten::_prelu_kernel_backward" in _module_run(module, channels_last, False)[3]
     monkeypatch.setenv(cpu_kernels.ENV_SWITCH, "0")
-    assert "aten::_prelu_kernel_backward" in _prelu_run(module, x, False)[3]
+    assert "aten::_prelu_kernel_backward" in _module_run(module, x, False)[3]
     monkeypatch.setenv(cpu_kernels.ENV_SWITCH, "1")
     with torch.no_grad():
         assert torch.equal(module(x), torch.nn.functional.prelu(x, module.weight))
@@ -722,21 +722,7 @@ def test_iresnet_step_is_the_same_with_and_without_the_compiled_cpu_loops(monkey
         assert (ours - theirs).norm() <= 0.05 * theirs.norm() and (ours - theirs).abs().max() <= 0.1 * scale
 
 
-# ---------------------------------------------------------------------------------------- narrow Conv2d's CPU backward
-def _conv_run(module: torch.nn.Module, x: torch.Tensor, autocast: bool):
-    """Output, input gradient, weight gradient and the backward's torch ops of one forward/backward."""
-    from torch.profiler import ProfilerActivity, profile
-
-    x = x.clone().requires_grad_()
-    module.zero_grad(set_to_none=True)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        y = module(x)
-    grad = torch.randn(y.shape, generator=torch.Generator().manual_seed(3)).to(y.dtype)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        y.backward(grad)
-    return y.detach(), x.grad, module.weight.grad, {e.key for e in prof.key_averages()}
-
-
+# ---------------------------------------------------------------------------------------- narrow Conv2d's CPU loops
 @pytest.mark.parametrize("dtype, autocast", [(torch.float32, False), (torch.float32, True),
                                              (torch.bfloat16, True)])
 @pytest.mark.parametrize("ci, co, k, stride", [(3, 2, 3, 1), (2, 2, 3, 2), (2, 3, 1, 2), (3, 4, 3, 1)])
@@ -749,8 +735,8 @@ def test_conv2d_is_nn_conv2d_computed_by_compiled_cpu_loops(dtype, autocast, ci,
     ours.load_state_dict(theirs.state_dict())
     assert ours.narrow()
     x = torch.randn(4, ci, 29, 34).to(dtype)
-    y0, gx0, gw0, ops0 = _conv_run(theirs, x, autocast)
-    y1, gx1, gw1, ops1 = _conv_run(ours, x, autocast)
+    y0, gx0, gw0, ops0 = _module_run(theirs, x, autocast)
+    y1, gx1, gw1, ops1 = _module_run(ours, x, autocast)
     assert "aten::convolution_backward" in ops0 and "aten::convolution_backward" not in ops1
     lowp = autocast or dtype == torch.bfloat16  # each side rounds its values to bf16 there
     assert y1.dtype == y0.dtype
@@ -772,7 +758,7 @@ def test_conv2d_takes_nn_conv2d_s_path_where_the_kernel_does_not_apply(monkeypat
 
     x = torch.randn(2, 4, 12, 12)
     narrow = Conv2d(4, 3, 3, padding=1, bias=False)
-    assert narrow.narrow() and "aten::convolution_backward" not in _conv_run(narrow, x, False)[3]
+    assert narrow.narrow() and "aten::convolution_backward" not in _module_run(narrow, x, False)[3]
     others = {
         "wide": Conv2d(4, NARROW_CHANNEL_PAIRS // 4 + 1, 3, padding=1, bias=False),
         "bias": Conv2d(4, 3, 3, padding=1, bias=True),
@@ -785,11 +771,11 @@ def test_conv2d_takes_nn_conv2d_s_path_where_the_kernel_does_not_apply(monkeypat
     }
     for name, module in others.items():
         assert not module.narrow(), name
-        assert "aten::convolution_backward" in _conv_run(module, x, False)[3], name
+        assert "aten::convolution_backward" in _module_run(module, x, False)[3], name
     channels_last = x.contiguous(memory_format=torch.channels_last)
-    assert "aten::convolution_backward" in _conv_run(narrow, channels_last, False)[3]
+    assert "aten::convolution_backward" in _module_run(narrow, channels_last, False)[3]
     monkeypatch.setenv(cpu_kernels.ENV_SWITCH, "0")
-    assert "aten::convolution_backward" in _conv_run(narrow, x, False)[3]
+    assert "aten::convolution_backward" in _module_run(narrow, x, False)[3]
     with torch.no_grad():
         assert torch.equal(narrow(x), torch.nn.functional.conv2d(x, narrow.weight, padding=1))  # switched off
     monkeypatch.setenv(cpu_kernels.ENV_SWITCH, "1")
