@@ -7,6 +7,12 @@ is corrupted and the gradients are wrong (oneDNN issue 6035; seen with torch 2.1
 input channels, never with 16 or more). Contiguous (NCHW) tensors and CUDA take other kernels. Full-size
 backbones have 64 or more channels there; only narrow ``tiny`` networks meet it. torch.compile's inductor
 backend lays CPU convolutions out channels-last by itself, so it meets the bug too.
+
+Narrow 3x3 convolutions are not safe in channels-last either: a ``tiny`` network with 2 channels in its first stage
+corrupted the heap in channels-last even with its strided 1x1 shortcuts kept contiguous, once two of those 3x3
+convolutions ran in sequence (each alone, and any single one in the network, passed; torch 2.14.1). The refusal
+below names the strided 1x1 convolutions, which every narrow network of this project's configs and tests has, so it
+covers them; on the CPU those networks run their narrow convolutions as compiled loops instead (``backbones.conv``).
 """
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ import functools
 import re
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 
 import pytest
@@ -779,7 +780,8 @@ def test_conv2d_takes_nn_conv2d_s_path_where_the_kernel_does_not_apply(monkeypat
     with torch.no_grad():
         assert torch.equal(narrow(x), torch.nn.functional.conv2d(x, narrow.weight, padding=1))  # switched off
     monkeypatch.setenv(cpu_kernels.ENV_SWITCH, "1")
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch.jit.trace is deprecated in newer releases
         traced = torch.jit.trace(narrow, x)  # tracing (ONNX export) records torch's convolution
         assert "aten::_convolution" in str(traced.graph)
         assert torch.equal(traced(x), torch.nn.functional.conv2d(x, narrow.weight, padding=1))
