@@ -424,7 +424,7 @@ def conv2d_forward(x: Tensor, weight: Tensor, stride: int, padding: int) -> Tens
     out = torch.empty(n, co, ho, wo, dtype=x.dtype)
     _run_conv(lambda begin, end, part: lib.pfc_conv_forward(
         x.data_ptr(), values.data_ptr(), int(x.dtype == torch.bfloat16), ci, co, h, w, ho, wo, k, stride, padding,
-        out.data_ptr(), begin, end), n, x.shape)
+        out.data_ptr(), begin, end), n, x.shape, _parts(n, 1))
     return out
 
 
@@ -449,19 +449,20 @@ def conv2d_backward(x: Tensor, grad: Tensor, weight: Tensor, stride: int, paddin
     sums = torch.zeros(parts, co, ci, k, k, dtype=torch.float64)  # each thread's sums, added in order below
     _run_conv(lambda begin, end, part: lib.pfc_conv_backward(
         x.data_ptr(), grad.data_ptr(), values.data_ptr(), int(x.dtype == torch.bfloat16), ci, co, h, w, ho, wo, k,
-        stride, padding, gx.data_ptr() if gx is not None else None, sums[part].data_ptr(), begin, end), n, x.shape)
+        stride, padding, gx.data_ptr() if gx is not None else None, sums[part].data_ptr(), begin, end), n, x.shape,
+        parts)
     return gx, sums.sum(0).float()
 
 
-def _run_conv(kernel: Callable[[int, int, int], int], n: int, shape: torch.Size) -> None:
-    """A convolution loop over ``n`` images split between threads (``_parts``, in the order ``conv2d_backward``'s
-    per-thread sums assume); MemoryError when a thread could not allocate its planes."""
+def _run_conv(kernel: Callable[[int, int, int], int], n: int, shape: torch.Size, parts: int) -> None:
+    """A convolution loop over ``n`` images split into ``parts`` ranges on threads (``_over_rows``: part ``k`` gets
+    the ``k``-th range); MemoryError when a thread could not allocate its planes."""
     failed = []
 
     def run(begin: int, end: int, part: int) -> None:
         if kernel(begin, end, part) != 0:
             failed.append(part)
 
-    _over_rows(run, n, _parts(n, 1))
+    _over_rows(run, n, parts)
     if failed:
         raise MemoryError(f"cpu_kernels: no memory for the convolution planes of a {tuple(shape)} input")
