@@ -544,3 +544,96 @@ def test_conv2d_backward_bad_arguments_name_what_is_wrong():
         cpu_kernels.conv2d_forward(torch.randn(1, 3, 2, 2), w, 2, 0)
     with pytest.raises(ValueError, match=r"the convolution input must be a contiguous CPU tensor"):
         cpu_kernels.conv2d_forward(x.transpose(2, 3), w, 1, 1)
+
+
+# ---------------------------------------------------------------------------------------- versions (ISA)
+def _supported_versions() -> list[str]:
+    top = cpu_kernels.limit_isa("avx512")
+    return list(cpu_kernels.ISA_VERSIONS[: cpu_kernels.ISA_VERSIONS.index(top) + 1])
+
+
+def _every_loop_once(seed: int) -> list[torch.Tensor]:
+    """Every exported loop on odd sizes (tails of the 16 lanes and of the 8-float vectors), with NaN, infinities,
+    -0 and values at 0 among the inputs; the outputs in a list."""
+    g = torch.Generator().manual_seed(seed)
+
+    def special(t: torch.Tensor) -> torch.Tensor:
+        flat = t.view(-1)
+        flat[:: 37] = 0.0
+        flat[5:: 53] = -0.0
+        flat[11:: 97] = float("nan")
+        flat[13:: 101] = float("inf")
+        flat[17:: 103] = float("-inf")
+        return t
+
+    out = []
+    weight, rows = torch.randn(300, 45, generator=g), torch.randperm(300, generator=g)[:101].sort().values
+    grad = torch.randn(101, 45, generator=g)
+    buf = torch.randn(300, 45, generator=g)
+    cpu_kernels.sgd_rows(weight, buf, grad, rows, 0.1, 0.9, 5e-4)
+    exp_avg, exp_avg_sq = torch.randn(300, 45, generator=g), torch.rand(300, 45, generator=g)
+    cpu_kernels.adamw_rows(weight, exp_avg, exp_avg_sq, grad, rows, torch.full((101,), -0.01),
+                           torch.full((101,), 0.3), 0.01, (0.9, 0.999), 1e-8, 0.1)
+    gathered = torch.empty(101, 45)
+    cpu_kernels.gather_rows(weight, rows, gathered)
+    out += [weight, buf, exp_avg, exp_avg_sq, gathered]
+
+    batch, classes = 23, 301
+    cos = special(torch.randn(batch, classes, generator=g))
+    cos[3].fill_(float("nan"))  # one row wholly NaN, the others with a few
+    inv_w, target = torch.rand(classes, generator=g) + 0.5, torch.randint(-1, classes, (batch,), generator=g)
+    target_logit, row_max, row_sum = torch.randn(batch, generator=g) * 10, torch.empty(batch), torch.empty(batch)
+    cpu_kernels.softmax_forward(cos, inv_w, 30.0, target_logit, target, row_max, row_sum)
+    out += [cos.clone(), row_max, row_sum]
+    dot_w, dot_e = torch.randn(classes, generator=g), torch.empty(batch)
+    cpu_kernels.softmax_backward(cos, inv_w, 30.0, 1 / 3, target_logit, torch.rand(batch, generator=g), target,
+                                 row_max, torch.full((batch,), 0.01), dot_w, dot_e)
+    out += [cos, dot_w, dot_e]
+
+    for dtype in (torch.float32, torch.bfloat16):
+        x = special(torch.randn(3, 5, 11, 29, generator=g)).to(dtype)
+        upstream = special(torch.randn(3, 5, 11, 29, generator=g)).to(dtype)
+        out += list(cpu_kernels.prelu_backward(x, upstream, torch.rand(5, generator=g)))
+        for k, stride in ((3, 1), (3, 2), (1, 2)):
+            x = torch.randn(3, 2, 23, 37, generator=g).to(dtype)
+            w = torch.randn(3, 2, k, k, generator=g)
+            y = cpu_kernels.conv2d_forward(x, w, stride, k // 2)
+            out += [y, *cpu_kernels.conv2d_backward(x, torch.randn(y.shape, generator=g).to(dtype), w, stride,
+                                                    k // 2)]
+    return out
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32)
+
+
+def test_every_version_of_the_loops_gives_the_same_bits():
+    """The AVX-512, AVX2 and baseline builds of each loop (those this CPU runs) agree bit for bit (NaN where NaN): a
+    version that vectorises differently, or that a compiler builds wrong, fails here on any CPU that runs it."""
+    versions = _supported_versions()
+    try:
+        results = {}
+        for version in versions:
+            assert cpu_kernels.limit_isa(version) == version and cpu_kernels.isa() == version
+            results[version] = _every_loop_once(seed=8)
+    finally:
+        cpu_kernels.limit_isa("avx512")
+    base = results["baseline"]
+    assert any(t.isnan().any() for t in base) and all(t.numel() for t in base)
+    for version in versions[1:]:
+        for i, (a, b) in enumerate(zip(base, results[version])):
+            assert a.dtype == b.dtype and a.shape == b.shape, i
+            nan = a.isnan()  # a NaN's sign and payload are the CPU's (vector and scalar arithmetic differ)
+            same = torch.equal(nan, b.isnan()) and torch.equal(_bits(a[~nan]), _bits(b[~nan]))
+            assert same, f"output {i} of the {version} loops differs from the baseline's"
+
+
+def test_the_version_is_capped_from_the_environment_and_a_bad_name_is_refused(fresh_cache, monkeypatch):
+    monkeypatch.setenv(cpu_kernels.ENV_ISA, "baseline")
+    assert cpu_kernels.isa() == "baseline"
+    with pytest.raises(ValueError, match=r"limit_isa='sse9': the CPU loops' versions are baseline, avx2, avx512"):
+        cpu_kernels.limit_isa("sse9")
+    monkeypatch.setattr(cpu_kernels, "_loaded", {})
+    monkeypatch.setenv(cpu_kernels.ENV_ISA, "avx3")
+    with pytest.raises(ValueError, match=r"PFC_CPU_KERNELS_ISA='avx3': the CPU loops' versions are baseline"):
+        cpu_kernels.library()

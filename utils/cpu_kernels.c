@@ -12,21 +12,61 @@
 #include <stddef.h>
 #include <stdlib.h>
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define CLONES __attribute__((target_clones("avx512f", "avx2,fma", "default")))
+/* Every exported loop is one body built three times: for AVX-512 (F and BW), for AVX2 with FMA, and for the
+   baseline x86-64 (or the only build elsewhere); the entry point runs the first one the CPU has. Explicit
+   target attributes, not GCC's target_clones: those resolve `arch=` clones by CPU model (an AMD Zen 3 got the
+   baseline) and make "avx2,fma" two clones, the AVX2 one without FMA (each fmaf a library call). Every version
+   gives the same bits: the loops fix their order of summation, not the vector width. Each body returns 0 (or
+   its own error code). */
+/* The most an entry point may run: 2 the AVX-512 version, 1 the AVX2 one, 0 the baseline (pfc_limit_isa). */
+static int pfc_isa_limit = 2;
+
+#if defined(__x86_64__) && defined(__GNUC__)
+/* The version the entry points run: the highest the CPU has, at most pfc_isa_limit. */
+int64_t pfc_isa(void) {
+  if (pfc_isa_limit >= 2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) return 2;
+  if (pfc_isa_limit >= 1 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 1;
+  return 0;
+}
+#define PFC_VERSIONS(name, params, args)                                                                        \
+  __attribute__((target("avx512f,avx512bw,fma"))) static int name##_avx512 params { return name##_body args; } \
+  __attribute__((target("avx2,fma"))) static int name##_avx2 params { return name##_body args; }              \
+  int name params {                                                                                             \
+    const int64_t isa = pfc_isa();                                                                              \
+    if (isa == 2) return name##_avx512 args;                                                                    \
+    if (isa == 1) return name##_avx2 args;                                                                      \
+    return name##_body args;                                                                                    \
+  }
 #else
-#define CLONES
+int64_t pfc_isa(void) { return 0; }
+#define PFC_VERSIONS(name, params, args) \
+  int name params { return name##_body args; }
 #endif
 
-int64_t pfc_kernels_abi(void) { return 8; }
+/* Caps the version the entry points run at `level` (tests compare the versions; PFC_CPU_KERNELS_ISA sets it
+   once loaded) and returns the one they run now. Not for use while a loop runs. */
+int64_t pfc_limit_isa(int64_t level) {
+  pfc_isa_limit = (int)level;
+  return pfc_isa();
+}
+
+/* PFC_LOOP(name, (parameters), (their names)) { body }: the exported loop `name` and its versions. */
+#define PFC_LOOP(name, params, args)                                  \
+  static inline __attribute__((always_inline)) int name##_body params; \
+  PFC_VERSIONS(name, params, args)                                    \
+  static inline __attribute__((always_inline)) int name##_body params
+
+int64_t pfc_kernels_abi(void) { return 9; }
 
 /* SGD with momentum and weight decay (torch.optim.SGD, dampening 0, no Nesterov) on rows [begin, end) of an
    n-row update of d values (the caller splits the rows between threads; rows are unique, so threads never
    write the same memory): row i of `grad` belongs to row rows[i] of `weight` and `momentum` (row i itself
    when rows is NULL):
      step = grad + weight_decay * weight;  momentum = momentum * mu + step;  weight -= lr * momentum  */
-CLONES void pfc_sgd_rows(float *weight, float *momentum, const float *grad, const int64_t *rows, int64_t begin,
-                         int64_t end, int64_t d, float lr, float mu, float weight_decay, int decay) {
+PFC_LOOP(pfc_sgd_rows,
+         (float *weight, float *momentum, const float *grad, const int64_t *rows, int64_t begin, int64_t end,
+          int64_t d, float lr, float mu, float weight_decay, int decay),
+         (weight, momentum, grad, rows, begin, end, d, lr, mu, weight_decay, decay)) {
   const float neg_lr = -lr;
   for (int64_t i = begin; i < end; ++i) {
     const int64_t r = rows ? rows[i] : i;
@@ -44,15 +84,19 @@ CLONES void pfc_sgd_rows(float *weight, float *momentum, const float *grad, cons
       w[j] = fmaf(neg_lr, buf, w[j]);
     }
   }
+  return 0;
 }
 
 /* AdamW (decoupled decay) on rows [begin, end), as optimizers.RowSparseAdamW's torch operations; the per-row bias
    corrections come from the caller: step_size[i] = -lr / (1 - beta1^t), bias2_sqrt[i] = sqrt(1 - beta2^t).
      weight *= decay;  exp_avg = lerp(exp_avg, grad, 1 - beta1);  exp_avg_sq = exp_avg_sq * beta2 + (1 - beta2) g^2;
      weight += exp_avg * step_size / (sqrt(exp_avg_sq) / bias2_sqrt + eps)  */
-CLONES void pfc_adamw_rows(float *weight, float *exp_avg, float *exp_avg_sq, const float *grad, const int64_t *rows,
-                           int64_t begin, int64_t end, int64_t d, const float *step_size, const float *bias2_sqrt, float decay,
-                           float one_minus_beta1, float beta2, float one_minus_beta2, float eps) {
+PFC_LOOP(pfc_adamw_rows,
+         (float *weight, float *exp_avg, float *exp_avg_sq, const float *grad, const int64_t *rows, int64_t begin,
+          int64_t end, int64_t d, const float *step_size, const float *bias2_sqrt, float decay, float one_minus_beta1,
+          float beta2, float one_minus_beta2, float eps),
+         (weight, exp_avg, exp_avg_sq, grad, rows, begin, end, d, step_size, bias2_sqrt, decay, one_minus_beta1,
+          beta2, one_minus_beta2, eps)) {
   for (int64_t i = begin; i < end; ++i) {
     const int64_t r = rows ? rows[i] : i;
     float *restrict w = weight + r * d;
@@ -74,18 +118,21 @@ CLONES void pfc_adamw_rows(float *weight, float *exp_avg, float *exp_avg_sq, con
       w[j] = wj + (mj * c) / (sqrtf(vj) / b2 + eps);
     }
   }
+  return 0;
 }
 
 /* The head's sampled rows: rows idx[i] (i in [begin, end)) of `weight` (r values a row) copied to row i of `out`,
    the row after next prefetched (the rows are scattered over the shard): about twice torch's index_select. */
-CLONES void pfc_gather_rows(const float *weight, const int64_t *idx, int64_t r, float *out, int64_t begin,
-                            int64_t end) {
+PFC_LOOP(pfc_gather_rows,
+         (const float *weight, const int64_t *idx, int64_t r, float *out, int64_t begin, int64_t end),
+         (weight, idx, r, out, begin, end)) {
   for (int64_t i = begin; i < end; ++i) {
     const float *restrict src = weight + idx[i] * r;
     float *restrict dst = out + i * r;
     if (i + 2 < end) __builtin_prefetch(weight + idx[i + 2] * r);
     for (int64_t j = 0; j < r; ++j) dst[j] = src[j];
   }
+  return 0;
 }
 
 /* The head's class-sampling keys (partial_fc._sampling_keys) of the class ids [start, start + n) for one step's
@@ -171,11 +218,20 @@ int64_t pfc_sample_rows(int64_t start, int64_t n, int64_t seed, const int64_t *p
   return m;
 }
 
+#define LANES 16
+#define CHUNK 256 /* columns summed in float lanes before they join a double total */
+/* 8 floats and a mask of 8 lanes: GCC vectors for loops whose plain form GCC would not vectorise everywhere.
+   Two of them hold LANES lanes (wider vectors are split through memory on AVX2, and their comparisons run one
+   lane at a time); a comparison of two gives all ones where it holds, else 0. */
+typedef float pfc_octet_t __attribute__((vector_size(8 * sizeof(float))));
+typedef int32_t pfc_octet_mask_t __attribute__((vector_size(8 * sizeof(int32_t))));
+/* a where take is all ones, else b: bit operations, no branch (a macro: a function of these vectors warns of
+   the AVX calling convention in the builds without it). */
+#define PFC_SELECT(take, a, b) ((pfc_octet_t)(((pfc_octet_mask_t)(a) & (take)) | ((pfc_octet_mask_t)(b) & ~(take))))
+
 /* exp(x) in float, to ~1.3 units in the last place: 2^n · P(r) with x = n·ln2 + r, |r| <= ln2/2 (Cody-Waite
    split of ln2, degree-7 polynomial), n rounded by adding 1.5·2^23 (no float-to-int conversion, so a NaN stays
    a NaN). Branch-free, so the row loops below vectorise. Results below e^-87 are e^-87 (~1.6e-38), not 0. */
-#define LANES 16
-#define CHUNK 256 /* columns summed in float lanes before they join a double total */
 static inline float pfc_exp(float x) {
   x = x < -87.0f ? -87.0f : x;
   x = x > 88.0f ? 88.0f : x;
@@ -201,8 +257,10 @@ static inline float pfc_exp(float x) {
    receive their maximum and the sum of exp(logit − maximum). Sums and maxima run in LANES fixed lanes (lane =
    column mod LANES), so the result does not depend on the vector width; each CHUNK of columns' lanes is added
    to a double total, which keeps a sum over 10^5 columns as accurate as torch's. */
-CLONES void pfc_softmax_forward(float *cos, const float *inv_w, int64_t c, float s, const float *target_logit,
-                                const int64_t *target, float *row_max, float *row_sum, int64_t begin, int64_t end) {
+PFC_LOOP(pfc_softmax_forward,
+         (float *cos, const float *inv_w, int64_t c, float s, const float *target_logit, const int64_t *target,
+          float *row_max, float *row_sum, int64_t begin, int64_t end),
+         (cos, inv_w, c, s, target_logit, target, row_max, row_sum, begin, end)) {
   for (int64_t b = begin; b < end; ++b) {
     float *restrict row = cos + b * c;
     const int64_t t = target[b];
@@ -242,16 +300,18 @@ CLONES void pfc_softmax_forward(float *cos, const float *inv_w, int64_t c, float
     row_max[b] = m;
     row_sum[b] = (float)total;
   }
+  return 0;
 }
 
 /* Backward of the fused margin-softmax on rows [begin, end) of `cos` (B, c), the scaled cosines: with
    p = exp(logit − row_max[b]) · coef[b] (the softmax, already divided by the global batch size), g = ∂L/∂cos is
    s·p off the target and slope[b]·(p − scale) on it; dot_w[j] += g·cos (column sums, over the rows in order),
    dot_e[b] = Σ_j g·cos (in lanes, as the forward), and the row is overwritten by G = g · inv_w. */
-CLONES void pfc_softmax_backward(float *cos, const float *inv_w, int64_t c, float s, float scale,
-                                 const float *target_logit, const float *slope, const int64_t *target,
-                                 const float *row_max, const float *coef, float *dot_w, float *dot_e, int64_t begin,
-                                 int64_t end) {
+PFC_LOOP(pfc_softmax_backward,
+         (float *cos, const float *inv_w, int64_t c, float s, float scale, const float *target_logit,
+          const float *slope, const int64_t *target, const float *row_max, const float *coef, float *dot_w,
+          float *dot_e, int64_t begin, int64_t end),
+         (cos, inv_w, c, s, scale, target_logit, slope, target, row_max, coef, dot_w, dot_e, begin, end)) {
   for (int64_t b = begin; b < end; ++b) {
     float *restrict row = cos + b * c;
     float *restrict dw = dot_w;
@@ -289,29 +349,50 @@ CLONES void pfc_softmax_backward(float *cos, const float *inv_w, int64_t c, floa
     }
     dot_e[b] = (float)total;
   }
+  return 0;
 }
 
-/* PReLU's slope gradient over one CHUNK (len <= CHUNK values) of a plane: Σ x·g over the values with x not
-   above 0, in LANES fixed lanes (lane = index mod LANES), the lanes added in order to the double `total`. */
-static inline __attribute__((always_inline)) double pfc_prelu_slope_sum(double total, const float *restrict x,
-                                                                         const float *restrict g, int64_t len) {
-  float lane[LANES];
-  for (int k = 0; k < LANES; ++k) lane[k] = 0.0f;
+/* One CHUNK (len <= CHUNK values) of a PReLU plane with slope a: out = x > 0 ? g : a·g (a NaN x takes a·g, as in
+   torch), and the slope's gradient Σ x·g over the values with x not above 0, in LANES fixed lanes (lane = index
+   mod LANES), the lanes added in order to the double `total`, which is returned. Written as a plain loop, the
+   comparison x > 0 may trap, so without AVX-512's masked operations GCC keeps it a branch and runs one value
+   at a time (10x slower on an AVX2 CPU); on 8-float vectors it is one vector comparison and the selects are
+   bit masks. */
+static inline __attribute__((always_inline)) double pfc_prelu_chunk(double total, const float *restrict x,
+                                                                    const float *restrict g, float a,
+                                                                    float *restrict out, int64_t len) {
+  const pfc_octet_t zero = {0.0f};
+  pfc_octet_t sum[2] = {zero, zero}, xv, gv; /* lanes 0-7 and 8-15 */
   int64_t j = 0;
   for (; j + LANES <= len; j += LANES)
-    for (int k = 0; k < LANES; ++k) lane[k] += x[j + k] > 0.0f ? 0.0f : x[j + k] * g[j + k];
-  for (; j < len; ++j) lane[j % LANES] += x[j] > 0.0f ? 0.0f : x[j] * g[j];
+    for (int half = 0; half < 2; ++half) {
+      __builtin_memcpy(&xv, x + j + 8 * half, sizeof xv);
+      __builtin_memcpy(&gv, g + j + 8 * half, sizeof gv);
+      const pfc_octet_mask_t positive = xv > zero;
+      const pfc_octet_t gx = PFC_SELECT(positive, gv, a * gv);
+      __builtin_memcpy(out + j + 8 * half, &gx, sizeof gx);
+      sum[half] = sum[half] + PFC_SELECT(positive, zero, xv * gv);
+    }
+  float lane[LANES];
+  __builtin_memcpy(lane, sum, sizeof lane);
+  for (; j < len; ++j) {
+    const float scaled = a * g[j], product = x[j] * g[j];
+    out[j] = x[j] > 0.0f ? g[j] : scaled;
+    lane[j % LANES] += x[j] > 0.0f ? 0.0f : product;
+  }
   for (int k = 0; k < LANES; ++k) total += lane[k];
   return total;
 }
 
 /* PReLU's backward over images [begin, end) of an fp32 (N, c, hw) tensor, with torch's arithmetic: the input's
    gradient is g where x > 0, else w[ch]·g (one rounding; a NaN x takes the second branch, as in torch); the
-   slope's gradient (pfc_prelu_slope_sum per CHUNK) is added to gw[ch] (double). torch's own kernel makes
+   slope's gradient (pfc_prelu_chunk per CHUNK) is added to gw[ch] (double). torch's own kernel makes
    several passes and a reduction over a broadcast; this reads x and g once from memory (the sum rereads the
    chunk from L1) and writes gx once. */
-CLONES void pfc_prelu_backward(const float *x, const float *g, const float *w, int64_t c, int64_t hw, float *gx,
-                               double *gw, int64_t begin, int64_t end) {
+PFC_LOOP(pfc_prelu_backward,
+         (const float *x, const float *g, const float *w, int64_t c, int64_t hw, float *gx, double *gw, int64_t begin,
+          int64_t end),
+         (x, g, w, c, hw, gx, gw, begin, end)) {
   for (int64_t i = begin; i < end; ++i) {
     for (int64_t ch = 0; ch < c; ++ch) {
       const int64_t offset = (i * c + ch) * hw;
@@ -322,12 +403,12 @@ CLONES void pfc_prelu_backward(const float *x, const float *g, const float *w, i
       double total = 0.0;
       for (int64_t chunk = 0; chunk < hw; chunk += CHUNK) {
         const int64_t len = chunk + CHUNK < hw ? CHUNK : hw - chunk;
-        for (int64_t j = chunk; j < chunk + len; ++j) op[j] = xp[j] > 0.0f ? gp[j] : a * gp[j];
-        total = pfc_prelu_slope_sum(total, xp + chunk, gp + chunk, len);
+        total = pfc_prelu_chunk(total, xp + chunk, gp + chunk, a, op + chunk, len);
       }
       gw[ch] += total;
     }
   }
+  return 0;
 }
 
 /* bfloat16 <-> float as torch converts them: the upper 16 bits; rounding to nearest even, a NaN to 0x7FC0. */
@@ -346,13 +427,13 @@ static inline uint16_t pfc_f32_to_bf16(float f) {
 
 /* pfc_prelu_backward for bf16 x, g and gx: each CHUNK is widened into float buffers (exact), then the same
    arithmetic and the same slope sum as the fp32 loop, gx rounded to nearest even as torch rounds it. The
-   widening, the rounding and the sum are separate loops, so each vectorises; the narrowing store needs
-   AVX-512BW on x86 (every x86 CPU with bf16 arithmetic has it), hence a version built for it, chosen at run
-   time, beside the plain one (GCC's target_clones cannot name AVX-512BW). */
-static inline __attribute__((always_inline)) void pfc_prelu_bf16_body(
-    const uint16_t *x, const uint16_t *g, const float *w, int64_t c, int64_t hw, uint16_t *gx, double *gw,
-    int64_t begin, int64_t end) {
-  float xf[CHUNK], gf[CHUNK];
+   widening, the rounding and the sum are separate loops, so each vectorises (the narrowing store best with
+   AVX-512BW, which every x86 CPU with bf16 arithmetic has). */
+PFC_LOOP(pfc_prelu_backward_bf16,
+         (const uint16_t *x, const uint16_t *g, const float *w, int64_t c, int64_t hw, uint16_t *gx, double *gw,
+          int64_t begin, int64_t end),
+         (x, g, w, c, hw, gx, gw, begin, end)) {
+  float xf[CHUNK], gf[CHUNK], of[CHUNK];
   for (int64_t i = begin; i < end; ++i) {
     for (int64_t ch = 0; ch < c; ++ch) {
       const int64_t offset = (i * c + ch) * hw;
@@ -367,31 +448,13 @@ static inline __attribute__((always_inline)) void pfc_prelu_bf16_body(
           xf[j] = pfc_bf16_to_f32(xp[chunk + j]);
           gf[j] = pfc_bf16_to_f32(gp[chunk + j]);
         }
-        for (int64_t j = 0; j < len; ++j) op[chunk + j] = pfc_f32_to_bf16(xf[j] > 0.0f ? gf[j] : a * gf[j]);
-        total = pfc_prelu_slope_sum(total, xf, gf, len);
+        total = pfc_prelu_chunk(total, xf, gf, a, of, len);
+        for (int64_t j = 0; j < len; ++j) op[chunk + j] = pfc_f32_to_bf16(of[j]);
       }
       gw[ch] += total;
     }
   }
-}
-
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("avx512f,avx512bw"))) static void pfc_prelu_bf16_avx512bw(
-    const uint16_t *x, const uint16_t *g, const float *w, int64_t c, int64_t hw, uint16_t *gx, double *gw,
-    int64_t begin, int64_t end) {
-  pfc_prelu_bf16_body(x, g, w, c, hw, gx, gw, begin, end);
-}
-#endif
-
-void pfc_prelu_backward_bf16(const uint16_t *x, const uint16_t *g, const float *w, int64_t c, int64_t hw,
-                             uint16_t *gx, double *gw, int64_t begin, int64_t end) {
-#if defined(__x86_64__) && defined(__GNUC__)
-  if (__builtin_cpu_supports("avx512bw")) {
-    pfc_prelu_bf16_avx512bw(x, g, w, c, hw, gx, gw, begin, end);
-    return;
-  }
-#endif
-  pfc_prelu_bf16_body(x, g, w, c, hw, gx, gw, begin, end);
+  return 0;
 }
 
 /* Backward of a narrow 2-D convolution (backbones.conv.Conv2d on the CPU): square kernel k with zero padding
@@ -418,19 +481,19 @@ static inline __attribute__((always_inline)) void pfc_conv_widen(float *restrict
 }
 
 /* Σ_ox g[ox]·x[ox] over a row of wo values into LANES lanes (lane = ox mod LANES; a product and a sum, each
-   rounded, per value), with GCC's vector type so that every vector width computes the same lanes. */
-typedef float pfc_lanes_t __attribute__((vector_size(LANES * sizeof(float))));
+   rounded, per value), on 8-float vectors, so that every vector width computes the same lanes. */
 static inline __attribute__((always_inline)) void pfc_conv_row_dot(float *restrict lane, const float *restrict g,
                                                                    const float *restrict x, int64_t wo) {
-  pfc_lanes_t sum, gv, xv;
-  __builtin_memcpy(&sum, lane, sizeof sum);
+  pfc_octet_t sum[2], gv, xv; /* lanes 0-7 and 8-15 */
+  __builtin_memcpy(sum, lane, sizeof sum);
   int64_t j = 0;
-  for (; j + LANES <= wo; j += LANES) {
-    __builtin_memcpy(&gv, g + j, sizeof gv);
-    __builtin_memcpy(&xv, x + j, sizeof xv);
-    sum = sum + gv * xv;
-  }
-  __builtin_memcpy(lane, &sum, sizeof sum);
+  for (; j + LANES <= wo; j += LANES)
+    for (int half = 0; half < 2; ++half) {
+      __builtin_memcpy(&gv, g + j + 8 * half, sizeof gv);
+      __builtin_memcpy(&xv, x + j + 8 * half, sizeof xv);
+      sum[half] = sum[half] + gv * xv;
+    }
+  __builtin_memcpy(lane, sum, sizeof sum);
   for (; j < wo; ++j) lane[j % LANES] = lane[j % LANES] + g[j] * x[j];
 }
 
@@ -474,7 +537,7 @@ static inline __attribute__((always_inline)) void pfc_conv_store(void *out, cons
 /* Rows are kept split by phase: column p of a padded row of wp values sits at phase p mod s, place p / s, each
    phase wq values long. Tap kw of output column ox reads padded column ox·s + kw: phase kw mod s, place
    ox + kw / s, so every row loop runs over consecutive values, whatever the stride. */
-static inline __attribute__((always_inline)) int pfc_conv_backward_body(
+static inline __attribute__((always_inline)) int pfc_conv_backward_strided(
     const void *x, const void *g, const float *w, int bf16, int64_t ci, int64_t co, int64_t h, int64_t wd,
     int64_t ho, int64_t wo, int64_t k, int S, int64_t pad, void *gx, double *gw, int64_t begin, int64_t end) {
   const int64_t hp = h + 2 * pad, wp = wd + 2 * pad, wq = (wp + S - 1) / S, row = S * wq, plane = hp * row;
@@ -541,39 +604,20 @@ static inline __attribute__((always_inline)) int pfc_conv_backward_body(
   return 0;
 }
 
-#define PFC_CONV_ARGS                                                                                       \
-  const void *x, const void *g, const float *w, int bf16, int64_t ci, int64_t co, int64_t h, int64_t wd,   \
-      int64_t ho, int64_t wo, int64_t k, int64_t s, int64_t pad, void *gx, double *gw, int64_t begin, int64_t end
-static inline __attribute__((always_inline)) int pfc_conv_dispatch(PFC_CONV_ARGS) {
-  if (s == 1) return pfc_conv_backward_body(x, g, w, bf16, ci, co, h, wd, ho, wo, k, 1, pad, gx, gw, begin, end);
-  if (s == 2) return pfc_conv_backward_body(x, g, w, bf16, ci, co, h, wd, ho, wo, k, 2, pad, gx, gw, begin, end);
+PFC_LOOP(pfc_conv_backward,
+         (const void *x, const void *g, const float *w, int bf16, int64_t ci, int64_t co, int64_t h, int64_t wd,
+          int64_t ho, int64_t wo, int64_t k, int64_t s, int64_t pad, void *gx, double *gw, int64_t begin, int64_t end),
+         (x, g, w, bf16, ci, co, h, wd, ho, wo, k, s, pad, gx, gw, begin, end)) {
+  if (s == 1) return pfc_conv_backward_strided(x, g, w, bf16, ci, co, h, wd, ho, wo, k, 1, pad, gx, gw, begin, end);
+  if (s == 2) return pfc_conv_backward_strided(x, g, w, bf16, ci, co, h, wd, ho, wo, k, 2, pad, gx, gw, begin, end);
   return -2;
-}
-
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("avx512f,avx512bw"))) static int pfc_conv_backward_avx512bw(PFC_CONV_ARGS) {
-  return pfc_conv_dispatch(x, g, w, bf16, ci, co, h, wd, ho, wo, k, s, pad, gx, gw, begin, end);
-}
-__attribute__((target("avx2,fma"))) static int pfc_conv_backward_avx2(PFC_CONV_ARGS) {
-  return pfc_conv_dispatch(x, g, w, bf16, ci, co, h, wd, ho, wo, k, s, pad, gx, gw, begin, end);
-}
-#endif
-
-int pfc_conv_backward(PFC_CONV_ARGS) {
-#if defined(__x86_64__) && defined(__GNUC__)
-  if (__builtin_cpu_supports("avx512bw")) return pfc_conv_backward_avx512bw(x, g, w, bf16, ci, co, h, wd, ho, wo,
-                                                                            k, s, pad, gx, gw, begin, end);
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-    return pfc_conv_backward_avx2(x, g, w, bf16, ci, co, h, wd, ho, wo, k, s, pad, gx, gw, begin, end);
-#endif
-  return pfc_conv_dispatch(x, g, w, bf16, ci, co, h, wd, ho, wo, k, s, pad, gx, gw, begin, end);
 }
 
 /* Forward of the same narrow convolutions: out (n, co, ho, wo), like x, for images [begin, end). Every output value
    is a float sum over the taps (c, kh, kw) in that order, one fused multiply-add each, rounded once (to bf16 for a
    bf16 x): torch's oneDNN kernels sum in another order, so the values agree to rounding. Returns 0, or -1 when the
    planes cannot be allocated. */
-static inline __attribute__((always_inline)) int pfc_conv_forward_body(
+static inline __attribute__((always_inline)) int pfc_conv_forward_strided(
     const void *x, const float *w, int bf16, int64_t ci, int64_t co, int64_t h, int64_t wd, int64_t ho, int64_t wo,
     int64_t k, int S, int64_t pad, void *out, int64_t begin, int64_t end) {
   const int64_t hp = h + 2 * pad, wp = wd + 2 * pad, wq = (wp + S - 1) / S, row = S * wq, plane = hp * row;
@@ -607,30 +651,11 @@ static inline __attribute__((always_inline)) int pfc_conv_forward_body(
   return 0;
 }
 
-#define PFC_CONV_FORWARD_ARGS                                                                                  \
-  const void *x, const float *w, int bf16, int64_t ci, int64_t co, int64_t h, int64_t wd, int64_t ho, int64_t wo, \
-      int64_t k, int64_t s, int64_t pad, void *out, int64_t begin, int64_t end
-static inline __attribute__((always_inline)) int pfc_conv_forward_dispatch(PFC_CONV_FORWARD_ARGS) {
-  if (s == 1) return pfc_conv_forward_body(x, w, bf16, ci, co, h, wd, ho, wo, k, 1, pad, out, begin, end);
-  if (s == 2) return pfc_conv_forward_body(x, w, bf16, ci, co, h, wd, ho, wo, k, 2, pad, out, begin, end);
+PFC_LOOP(pfc_conv_forward,
+         (const void *x, const float *w, int bf16, int64_t ci, int64_t co, int64_t h, int64_t wd, int64_t ho,
+          int64_t wo, int64_t k, int64_t s, int64_t pad, void *out, int64_t begin, int64_t end),
+         (x, w, bf16, ci, co, h, wd, ho, wo, k, s, pad, out, begin, end)) {
+  if (s == 1) return pfc_conv_forward_strided(x, w, bf16, ci, co, h, wd, ho, wo, k, 1, pad, out, begin, end);
+  if (s == 2) return pfc_conv_forward_strided(x, w, bf16, ci, co, h, wd, ho, wo, k, 2, pad, out, begin, end);
   return -2;
-}
-
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("avx512f,avx512bw"))) static int pfc_conv_forward_avx512bw(PFC_CONV_FORWARD_ARGS) {
-  return pfc_conv_forward_dispatch(x, w, bf16, ci, co, h, wd, ho, wo, k, s, pad, out, begin, end);
-}
-__attribute__((target("avx2,fma"))) static int pfc_conv_forward_avx2(PFC_CONV_FORWARD_ARGS) {
-  return pfc_conv_forward_dispatch(x, w, bf16, ci, co, h, wd, ho, wo, k, s, pad, out, begin, end);
-}
-#endif
-
-int pfc_conv_forward(PFC_CONV_FORWARD_ARGS) {
-#if defined(__x86_64__) && defined(__GNUC__)
-  if (__builtin_cpu_supports("avx512bw"))
-    return pfc_conv_forward_avx512bw(x, w, bf16, ci, co, h, wd, ho, wo, k, s, pad, out, begin, end);
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-    return pfc_conv_forward_avx2(x, w, bf16, ci, co, h, wd, ho, wo, k, s, pad, out, begin, end);
-#endif
-  return pfc_conv_forward_dispatch(x, w, bf16, ci, co, h, wd, ho, wo, k, s, pad, out, begin, end);
 }

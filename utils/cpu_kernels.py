@@ -48,6 +48,11 @@ ctypes. Where there is no compiler, the build fails, or ``PFC_CPU_KERNELS=0`` is
 results (to rounding). Only fp32 CPU tensors go through the kernels (``usable``). An update is split into
 ``torch.get_num_threads()`` ranges of rows, run side by side on a thread pool (ctypes releases the GIL), so a
 rank with several intra-op threads updates as torch's operations would, in parallel.
+
+Each loop is built in three versions, AVX-512, AVX2 with FMA and baseline x86-64 (one elsewhere), and runs the
+highest the CPU has. They give the same bits (the loops fix their order of summation, not the vector width).
+``PFC_CPU_KERNELS_ISA=avx2`` or ``baseline`` caps the version (``limit_isa``; ``isa`` says which runs): a way
+round a compiler that builds one version wrong, and how the tests compare them.
 """
 from __future__ import annotations
 
@@ -66,14 +71,16 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-__all__ = ["ENV_SWITCH", "SOURCE", "adamw_rows", "cache_dir", "conv2d_backward", "conv2d_forward", "gather_rows",
-           "library", "prelu_backward", "sample_rows", "sgd_rows", "softmax_backward", "softmax_forward", "usable"]
+__all__ = ["ENV_ISA", "ENV_SWITCH", "ISA_VERSIONS", "SOURCE", "adamw_rows", "cache_dir", "conv2d_backward", "conv2d_forward", "gather_rows",
+           "isa", "library", "limit_isa", "prelu_backward", "sample_rows", "sgd_rows", "softmax_backward", "softmax_forward", "usable"]
 
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_suffix(".c")
 ENV_SWITCH = "PFC_CPU_KERNELS"  # "0": never use the compiled kernels (the torch operations run instead)
-_ABI = 8  # pfc_kernels_abi() of the C file this module speaks to
+ENV_ISA = "PFC_CPU_KERNELS_ISA"  # the highest version of the loops to run: one of ISA_VERSIONS
+ISA_VERSIONS = ("baseline", "avx2", "avx512")  # pfc_isa()'s 0, 1 and 2
+_ABI = 9  # pfc_kernels_abi() of the C file this module speaks to
 _FLAGS = ("-O3", "-shared", "-fPIC", "-ffp-contract=off", "-fno-math-errno", "-std=c11")
 
 _MIN_ROWS_PER_THREAD = 256  # smaller updates run on the calling thread
@@ -149,6 +156,9 @@ def _resolve() -> ctypes.CDLL | None:
         if lib.pfc_kernels_abi() != _ABI:
             raise RuntimeError(f"{target} speaks ABI {lib.pfc_kernels_abi()}, expected {_ABI}")
         _declare(lib)
+        limit = os.environ.get(ENV_ISA)
+        if limit is not None:
+            lib.pfc_limit_isa(_isa_level(limit, ENV_ISA))
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         logger.warning("CPU kernels unavailable (%s); the head, PReLU and narrow convolutions use torch operations", exc)
         lib = None
@@ -156,9 +166,31 @@ def _resolve() -> ctypes.CDLL | None:
     return lib
 
 
+def _isa_level(name: str, where: str) -> int:
+    if name not in ISA_VERSIONS:
+        raise ValueError(f"{where}={name!r}: the CPU loops' versions are {', '.join(ISA_VERSIONS)}")
+    return ISA_VERSIONS.index(name)
+
+
+def isa() -> str | None:
+    """The version of the loops that runs now (one of ``ISA_VERSIONS``), or None without the kernels."""
+    lib = library()
+    return None if lib is None else ISA_VERSIONS[lib.pfc_isa()]
+
+
+def limit_isa(name: str) -> str:
+    """Run no version above ``name`` (one of ``ISA_VERSIONS``; ``"avx512"`` lifts the cap) from now on in this
+    process; returns the version that runs now. Not while a loop runs on another thread."""
+    level = _isa_level(name, "limit_isa")
+    return ISA_VERSIONS[_required().pfc_limit_isa(level)]
+
+
 def _declare(lib: ctypes.CDLL) -> None:
     p, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
     lib.pfc_kernels_abi.restype = i64
+    lib.pfc_isa.restype = i64
+    lib.pfc_limit_isa.argtypes = [i64]
+    lib.pfc_limit_isa.restype = i64
     lib.pfc_sgd_rows.argtypes = [p, p, p, p, i64, i64, i64, f32, f32, f32, i32]
     lib.pfc_sgd_rows.restype = None
     lib.pfc_adamw_rows.argtypes = [p, p, p, p, p, i64, i64, i64, p, p, f32, f32, f32, f32, f32]
