@@ -12,6 +12,9 @@
 #include <stddef.h>
 #include <stdlib.h>
 
+/* The functions that take or return GCC vectors are always inlined: no call passes them, whatever the ABI. */
+#pragma GCC diagnostic ignored "-Wpsabi"
+
 /* Every exported loop is one body built three times: for AVX-512 (F and BW), for AVX2 with FMA, and for the
    baseline x86-64 (or the only build elsewhere); the entry point runs the first one the CPU has. Explicit
    target attributes, not GCC's target_clones: those resolve `arch=` clones by CPU model (an AMD Zen 3 got the
@@ -251,6 +254,41 @@ static inline float pfc_exp(float x) {
   return p * scale.f;
 }
 
+/* pfc_exp on 8 floats, the same operations in the same order (the same bits): the clamps are vector selects,
+   each fused multiply-add a loop over the lanes (one vector instruction where the CPU has FMA). Per value, the
+   clamps' branches keep GCC from vectorising the products after them (a product may trap) without AVX-512's
+   masks. */
+static inline __attribute__((always_inline)) pfc_octet_t pfc_fma8(pfc_octet_t a, pfc_octet_t b, pfc_octet_t c) {
+  pfc_octet_t r;
+  for (int i = 0; i < 8; ++i) r[i] = fmaf(a[i], b[i], c[i]);
+  return r;
+}
+static inline __attribute__((always_inline)) pfc_octet_t pfc_exp8(pfc_octet_t x) {
+  const pfc_octet_t zero = {0.0f}, lo = zero - 87.0f, hi = zero + 88.0f, magic = zero + 12582912.0f;
+  x = PFC_SELECT(x < lo, lo, x);
+  x = PFC_SELECT(x > hi, hi, x);
+  const pfc_octet_t n = x * 1.44269504088896341f + magic;
+  const pfc_octet_t k = n - magic;
+  pfc_octet_t r = pfc_fma8(k, zero - 0.693359375f, x);
+  r = pfc_fma8(k, zero + 2.12194440e-4f, r);
+  pfc_octet_t p = zero + 1.9875691500e-4f;
+  p = pfc_fma8(p, r, zero + 1.3981999507e-3f);
+  p = pfc_fma8(p, r, zero + 8.3334519073e-3f);
+  p = pfc_fma8(p, r, zero + 4.1665795894e-2f);
+  p = pfc_fma8(p, r, zero + 1.6666665459e-1f);
+  p = pfc_fma8(p, r, zero + 5.0000001201e-1f);
+  p = pfc_fma8(p, r * r, r + 1.0f);
+  const pfc_octet_mask_t scale = ((pfc_octet_mask_t)n - 0x4B400000 + 127) << 23;
+  return p * (pfc_octet_t)scale;
+}
+/* Lanes 8·half .. 8·half + 7 of a block of LANES columns starting at column j: all ones at the target column t. */
+static inline __attribute__((always_inline)) pfc_octet_mask_t pfc_target_lanes(int64_t j, int64_t t, int half) {
+  const pfc_octet_mask_t lane = {0, 1, 2, 3, 4, 5, 6, 7};
+  const int32_t at = t >= j && t < j + LANES ? (int32_t)(t - j) - 8 * half : -1;
+  return lane == at;
+}
+
+
 /* Forward of the fused margin-softmax on rows [begin, end) of `cos` (B, c): each row is scaled in place by
    the centres' inverse norms (cos = products · inv_w: the cosines the backward reads), its logits are s·cos
    but target_logit[b] in column target[b] (no column when target[b] < 0), and row_max[b] / row_sum[b]
@@ -265,17 +303,20 @@ PFC_LOOP(pfc_softmax_forward,
     float *restrict row = cos + b * c;
     const int64_t t = target[b];
     const float tl = target_logit[b];
-    float lane[LANES];
-    for (int k = 0; k < LANES; ++k) lane[k] = -INFINITY;
+    const pfc_octet_t zero = {0.0f};
+    pfc_octet_t most[2] = {zero - INFINITY, zero - INFINITY}, sum[2], v, w; /* lanes 0-7 and 8-15 */
     int64_t j = 0;
-    for (; j + LANES <= c; j += LANES) {
-      for (int k = 0; k < LANES; ++k) {
-        const float v = row[j + k] * inv_w[j + k];
-        row[j + k] = v;
-        const float logit = j + k == t ? tl : s * v;
-        lane[k] = logit > lane[k] ? logit : lane[k];
+    for (; j + LANES <= c; j += LANES)
+      for (int half = 0; half < 2; ++half) {
+        __builtin_memcpy(&v, row + j + 8 * half, sizeof v);
+        __builtin_memcpy(&w, inv_w + j + 8 * half, sizeof w);
+        v = v * w;
+        __builtin_memcpy(row + j + 8 * half, &v, sizeof v);
+        const pfc_octet_t logit = PFC_SELECT(pfc_target_lanes(j, t, half), zero + tl, s * v);
+        most[half] = PFC_SELECT(logit > most[half], logit, most[half]);
       }
-    }
+    float lane[LANES];
+    __builtin_memcpy(lane, most, sizeof lane);
     for (; j < c; ++j) {
       const float v = row[j] * inv_w[j];
       row[j] = v;
@@ -287,13 +328,14 @@ PFC_LOOP(pfc_softmax_forward,
     double total = 0.0;
     for (int64_t chunk = 0; chunk < c; chunk += CHUNK) {
       const int64_t stop = chunk + CHUNK < c ? chunk + CHUNK : c;
-      for (int k = 0; k < LANES; ++k) lane[k] = 0.0f;
-      for (j = chunk; j + LANES <= stop; j += LANES) {
-        for (int k = 0; k < LANES; ++k) {
-          const float logit = j + k == t ? tl : s * row[j + k];
-          lane[k] += pfc_exp(logit - m);
+      sum[0] = sum[1] = zero;
+      for (j = chunk; j + LANES <= stop; j += LANES)
+        for (int half = 0; half < 2; ++half) {
+          __builtin_memcpy(&v, row + j + 8 * half, sizeof v);
+          const pfc_octet_t logit = PFC_SELECT(pfc_target_lanes(j, t, half), zero + tl, s * v);
+          sum[half] = sum[half] + pfc_exp8(logit - m);
         }
-      }
+      __builtin_memcpy(lane, sum, sizeof lane);
       for (; j < stop; ++j) lane[j % LANES] += pfc_exp((j == t ? tl : s * row[j]) - m);
       for (int k = 0; k < LANES; ++k) total += lane[k];
     }
@@ -317,24 +359,31 @@ PFC_LOOP(pfc_softmax_backward,
     float *restrict dw = dot_w;
     const int64_t t = target[b];
     const float tl = target_logit[b], sl = slope[b], m = row_max[b], cf = coef[b];
+    const pfc_octet_t zero = {0.0f};
+    pfc_octet_t sum[2], v, w, d; /* lanes 0-7 and 8-15 */
     float lane[LANES];
     double total = 0.0;
     for (int64_t chunk = 0; chunk < c; chunk += CHUNK) {
       const int64_t stop = chunk + CHUNK < c ? chunk + CHUNK : c;
-      for (int k = 0; k < LANES; ++k) lane[k] = 0.0f;
+      sum[0] = sum[1] = zero;
       int64_t j = chunk;
-      for (; j + LANES <= stop; j += LANES) {
-        for (int k = 0; k < LANES; ++k) {
-          const float v = row[j + k];
-          const int here = j + k == t;
-          const float p = pfc_exp((here ? tl : s * v) - m) * cf;
-          const float g = here ? sl * (p - scale) : s * p;
-          const float prod = v * g;
-          dw[j + k] += prod;
-          lane[k] += prod;
-          row[j + k] = g * inv_w[j + k];
+      for (; j + LANES <= stop; j += LANES)
+        for (int half = 0; half < 2; ++half) {
+          float *restrict at = row + j + 8 * half;
+          __builtin_memcpy(&v, at, sizeof v);
+          const pfc_octet_mask_t here = pfc_target_lanes(j, t, half);
+          const pfc_octet_t p = pfc_exp8(PFC_SELECT(here, zero + tl, s * v) - m) * cf;
+          const pfc_octet_t g = PFC_SELECT(here, sl * (p - scale), s * p);
+          const pfc_octet_t prod = v * g;
+          __builtin_memcpy(&d, dw + j + 8 * half, sizeof d);
+          d = d + prod;
+          __builtin_memcpy(dw + j + 8 * half, &d, sizeof d);
+          sum[half] = sum[half] + prod;
+          __builtin_memcpy(&w, inv_w + j + 8 * half, sizeof w);
+          w = g * w;
+          __builtin_memcpy(at, &w, sizeof w);
         }
-      }
+      __builtin_memcpy(lane, sum, sizeof lane);
       for (; j < stop; ++j) {
         const float v = row[j];
         const int here = j == t;
