@@ -1,5 +1,6 @@
 """A short demo-like run: scripts/demo.py end to end on a small synthetic set, 2 gloo ranks, a few dozen
-steps; verification accuracy must move above the untrained baseline on every target."""
+steps; verification accuracy must move above the untrained baseline on every target (40 steps did not
+on syn_hard in fp32, on a CPU without bf16 arithmetic: 0.6833 both; 80 steps gave 0.79 against 0.68)."""
 from __future__ import annotations
 
 import json
@@ -16,14 +17,14 @@ config.output = {output!r}
 config.num_classes = 40
 config.num_image = 480
 config.batch_size = 16
-config.max_steps = 40
-config.verbose = 40
+config.max_steps = 80
+config.verbose = 80
 config.save_every_steps = 20
 """
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(600)
 def test_short_demo_beats_the_untrained_baseline(tmp_path):
     config = tmp_path / "demo_small.py"
     output = tmp_path / "out"
@@ -42,12 +43,19 @@ def test_short_demo_beats_the_untrained_baseline(tmp_path):
         assert (output / name).is_file(), name
     assert list((output / "tensorboard").glob("events.out.tfevents.*"))
     assert (tmp_path / "data" / "preview.png").is_file()
-    assert "verification at step 40" in (output / "training.log").read_text()
+    assert "verification at step 80" in (output / "training.log").read_text()
     # bf16 (the demo's config) where this CPU computes it, fp32 elsewhere; training and verification alike.
     from utils.precision import cpu_computes_bf16
 
     precision = "bf16" if cpu_computes_bf16() else "fp32"
     assert f"training on 2 CPU ranks ({precision})" in proc.stdout and f"--precision {precision}" in proc.stdout
+    # README: a second run resumes at the last step, trains nothing and verifies again, with the same results
+    again = subprocess.run([sys.executable, "scripts/demo.py", "--config", str(config), "--pairs", "300"],
+                           cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=400)
+    assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-4000:]
+    assert "resumed from" in again.stdout and "at step 80 " in again.stdout
+    assert "done: 80 steps" in again.stdout and " step 20/80 " not in again.stdout
+    assert json.loads((output / "results.json").read_text()) == results
 
 
 def test_side_by_side_steps_print_in_order_and_stop_on_a_failure(capsys, monkeypatch):
