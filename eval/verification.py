@@ -14,8 +14,6 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
-from sklearn.decomposition import PCA
-from sklearn.model_selection import KFold
 from torch import nn
 
 from dataset.images import normalise
@@ -84,6 +82,15 @@ def _squared_distance(emb1: np.ndarray, emb2: np.ndarray) -> np.ndarray:
     return np.sum(np.square(_l2_normalise(emb1) - _l2_normalise(emb2)), axis=1)  # (P,)
 
 
+def _folds(n: int, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(training, test) indices of ``k`` unshuffled folds of ``range(n)``: the test folds are consecutive, the
+    first ``n % k`` of them one longer (sklearn's ``KFold(k, shuffle=False)``; its import costs a training
+    process ~1.7 s of start-up, so only the PCA option imports sklearn)."""
+    bounds = np.cumsum([0] + [n // k + (i < n % k) for i in range(k)])
+    index = np.arange(n)
+    return [(np.concatenate([index[:a], index[b:]]), index[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
 def calculate_roc(embeddings: np.ndarray, actual_issame: Sequence[bool], nrof_folds: int = 10,
                   pca: int = 0, thresholds: np.ndarray | None = None
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -100,14 +107,15 @@ def calculate_roc(embeddings: np.ndarray, actual_issame: Sequence[bool], nrof_fo
     _check_folds(nrof_folds, issame.size)
     if thresholds is None:
         thresholds = np.arange(0, 4, 0.01)
-    folds = KFold(n_splits=nrof_folds, shuffle=False)
     tprs = np.zeros((nrof_folds, len(thresholds)))
     fprs = np.zeros((nrof_folds, len(thresholds)))
     accuracy = np.zeros(nrof_folds)
     best_thresholds = np.zeros(nrof_folds)
     dist = _squared_distance(emb1, emb2) if pca == 0 else None
-    for fold, (train, test_) in enumerate(folds.split(np.arange(issame.size))):
+    for fold, (train, test_) in enumerate(_folds(issame.size, nrof_folds)):
         if pca > 0:
+            from sklearn.decomposition import PCA
+
             projection = PCA(n_components=pca).fit(np.concatenate([emb1[train], emb2[train]]))
             dist = _squared_distance(projection.transform(emb1), projection.transform(emb2))
         assert dist is not None
@@ -134,7 +142,7 @@ def calculate_val(embeddings: np.ndarray, actual_issame: Sequence[bool], far_tar
     dist = _squared_distance(emb1, emb2)
     val = np.zeros(nrof_folds)
     far = np.zeros(nrof_folds)
-    for fold, (train, test_) in enumerate(KFold(n_splits=nrof_folds, shuffle=False).split(np.arange(issame.size))):
+    for fold, (train, test_) in enumerate(_folds(issame.size, nrof_folds)):
         far_train = _val_far(thresholds, dist[train], issame[train])[1]  # (T,), non-decreasing
         threshold = float(np.interp(far_target, far_train, thresholds)) if far_train.max() >= far_target else 0.0
         val_fold, far_fold = _val_far(np.array([threshold]), dist[test_], issame[test_])

@@ -398,3 +398,28 @@ def test_callback_other_ranks_load_nothing_and_wait_at_the_barrier(monkeypatch):
         result = callback(1, _Recorder())
         assert (None if result is None else result["tiny"]["pairs"]) == expected
     assert calls == ["barrier", "barrier"]
+
+
+@pytest.mark.parametrize("n, k", [(6000, 10), (1200, 10), (1203, 10), (7, 2), (10, 10), (11, 3)])
+def test_folds_are_sklearn_s_unshuffled_kfold(n, k):
+    from sklearn.model_selection import KFold
+
+    ours = V._folds(n, k)
+    theirs = list(KFold(n_splits=k, shuffle=False).split(np.arange(n)))
+    assert len(ours) == len(theirs) == k
+    for (train, test_), (want_train, want_test) in zip(ours, theirs):
+        assert np.array_equal(train, want_train) and np.array_equal(test_, want_test)
+
+
+def test_importing_the_trainer_does_not_import_sklearn():
+    """sklearn costs a training process ~1.7 s of start-up: only the PCA option of the verification imports it."""
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT, subprocess_env
+
+    code = "import sys, train; print('sklearn' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=subprocess_env(), capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "False"
