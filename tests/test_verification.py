@@ -7,6 +7,8 @@ import json
 import os
 import pickle
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +17,7 @@ import torch
 from torch import nn
 from torchvision.io import encode_jpeg
 
-from tests.helpers import FIXTURES
+from tests.helpers import FIXTURES, ROOT, subprocess_env
 from eval import verification as V
 
 TINY_BIN = FIXTURES / "bins" / "tiny.bin"
@@ -413,11 +415,6 @@ def test_folds_are_sklearn_s_unshuffled_kfold(n, k):
 
 def test_importing_the_trainer_does_not_import_sklearn():
     """sklearn costs a training process ~1.7 s of start-up: only the PCA option of the verification imports it."""
-    import subprocess
-    import sys
-
-    from tests.helpers import ROOT, subprocess_env
-
     code = "import sys, train; print('sklearn' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=subprocess_env(), capture_output=True,
                          text=True, timeout=120)

@@ -15,12 +15,6 @@
 /* The functions that take or return GCC vectors are always inlined: no call passes them, whatever the ABI. */
 #pragma GCC diagnostic ignored "-Wpsabi"
 
-/* Every exported loop is one body built three times: for AVX-512 (F and BW), for AVX2 with FMA, and for the
-   baseline x86-64 (or the only build elsewhere); the entry point runs the first one the CPU has. Explicit
-   target attributes, not GCC's target_clones: those resolve `arch=` clones by CPU model (an AMD Zen 3 got the
-   baseline) and make "avx2,fma" two clones, the AVX2 one without FMA (each fmaf a library call). Every version
-   gives the same bits: the loops fix their order of summation, not the vector width. Each body returns 0 (or
-   its own error code). */
 /* The most an entry point may run: 2 the AVX-512 version, 1 the AVX2 one, 0 the baseline (pfc_limit_isa). */
 static int pfc_isa_limit = 2;
 
@@ -31,6 +25,12 @@ int64_t pfc_isa(void) {
   if (pfc_isa_limit >= 1 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 1;
   return 0;
 }
+/* Every exported loop is one body built three times: for AVX-512 (F and BW), for AVX2 with FMA, and for the
+   baseline x86-64 (or the only build elsewhere); the entry point runs the version pfc_isa names. Explicit
+   target attributes, not GCC's target_clones: those resolve `arch=` clones by CPU model (an AMD Zen 3 got the
+   baseline) and make "avx2,fma" two clones, the AVX2 one without FMA (each fmaf a library call). Every version
+   gives the same bits: the loops fix their order of summation, not the vector width. Each body returns 0 (or
+   its own error code). */
 #define PFC_VERSIONS(name, params, args)                                                                        \
   __attribute__((target("avx512f,avx512bw,fma"))) static int name##_avx512 params { return name##_body args; } \
   __attribute__((target("avx2,fma"))) static int name##_avx2 params { return name##_body args; }              \
@@ -228,9 +228,20 @@ int64_t pfc_sample_rows(int64_t start, int64_t n, int64_t seed, const int64_t *p
    lane at a time); a comparison of two gives all ones where it holds, else 0. */
 typedef float pfc_octet_t __attribute__((vector_size(8 * sizeof(float))));
 typedef int32_t pfc_octet_mask_t __attribute__((vector_size(8 * sizeof(int32_t))));
-/* a where take is all ones, else b: bit operations, no branch (a macro: a function of these vectors warns of
-   the AVX calling convention in the builds without it). */
-#define PFC_SELECT(take, a, b) ((pfc_octet_t)(((pfc_octet_mask_t)(a) & (take)) | ((pfc_octet_mask_t)(b) & ~(take))))
+/* a where take is all ones, else b: bit operations, no branch. */
+static inline __attribute__((always_inline)) pfc_octet_t pfc_select(pfc_octet_mask_t take, pfc_octet_t a,
+                                                                    pfc_octet_t b) {
+  return (pfc_octet_t)(((pfc_octet_mask_t)a & take) | ((pfc_octet_mask_t)b & ~take));
+}
+/* 8 floats from / to p (any alignment). */
+static inline __attribute__((always_inline)) pfc_octet_t pfc_load8(const float *p) {
+  pfc_octet_t v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+static inline __attribute__((always_inline)) void pfc_store8(float *p, pfc_octet_t v) {
+  __builtin_memcpy(p, &v, sizeof v);
+}
 
 /* exp(x) in float, to ~1.3 units in the last place: 2^n · P(r) with x = n·ln2 + r, |r| <= ln2/2 (Cody-Waite
    split of ln2, degree-7 polynomial), n rounded by adding 1.5·2^23 (no float-to-int conversion, so a NaN stays
@@ -265,8 +276,8 @@ static inline __attribute__((always_inline)) pfc_octet_t pfc_fma8(pfc_octet_t a,
 }
 static inline __attribute__((always_inline)) pfc_octet_t pfc_exp8(pfc_octet_t x) {
   const pfc_octet_t zero = {0.0f}, lo = zero - 87.0f, hi = zero + 88.0f, magic = zero + 12582912.0f;
-  x = PFC_SELECT(x < lo, lo, x);
-  x = PFC_SELECT(x > hi, hi, x);
+  x = pfc_select(x < lo, lo, x);
+  x = pfc_select(x > hi, hi, x);
   const pfc_octet_t n = x * 1.44269504088896341f + magic;
   const pfc_octet_t k = n - magic;
   pfc_octet_t r = pfc_fma8(k, zero - 0.693359375f, x);
@@ -288,7 +299,6 @@ static inline __attribute__((always_inline)) pfc_octet_mask_t pfc_target_lanes(i
   return lane == at;
 }
 
-
 /* Forward of the fused margin-softmax on rows [begin, end) of `cos` (B, c): each row is scaled in place by
    the centres' inverse norms (cos = products · inv_w: the cosines the backward reads), its logits are s·cos
    but target_logit[b] in column target[b] (no column when target[b] < 0), and row_max[b] / row_sum[b]
@@ -304,16 +314,14 @@ PFC_LOOP(pfc_softmax_forward,
     const int64_t t = target[b];
     const float tl = target_logit[b];
     const pfc_octet_t zero = {0.0f};
-    pfc_octet_t most[2] = {zero - INFINITY, zero - INFINITY}, sum[2], v, w; /* lanes 0-7 and 8-15 */
+    pfc_octet_t most[2] = {zero - INFINITY, zero - INFINITY}, sum[2]; /* lanes 0-7 and 8-15 */
     int64_t j = 0;
     for (; j + LANES <= c; j += LANES)
       for (int half = 0; half < 2; ++half) {
-        __builtin_memcpy(&v, row + j + 8 * half, sizeof v);
-        __builtin_memcpy(&w, inv_w + j + 8 * half, sizeof w);
-        v = v * w;
-        __builtin_memcpy(row + j + 8 * half, &v, sizeof v);
-        const pfc_octet_t logit = PFC_SELECT(pfc_target_lanes(j, t, half), zero + tl, s * v);
-        most[half] = PFC_SELECT(logit > most[half], logit, most[half]);
+        const pfc_octet_t v = pfc_load8(row + j + 8 * half) * pfc_load8(inv_w + j + 8 * half);
+        pfc_store8(row + j + 8 * half, v);
+        const pfc_octet_t logit = pfc_select(pfc_target_lanes(j, t, half), zero + tl, s * v);
+        most[half] = pfc_select(logit > most[half], logit, most[half]);
       }
     float lane[LANES];
     __builtin_memcpy(lane, most, sizeof lane);
@@ -331,8 +339,8 @@ PFC_LOOP(pfc_softmax_forward,
       sum[0] = sum[1] = zero;
       for (j = chunk; j + LANES <= stop; j += LANES)
         for (int half = 0; half < 2; ++half) {
-          __builtin_memcpy(&v, row + j + 8 * half, sizeof v);
-          const pfc_octet_t logit = PFC_SELECT(pfc_target_lanes(j, t, half), zero + tl, s * v);
+          const pfc_octet_t scaled = s * pfc_load8(row + j + 8 * half);
+          const pfc_octet_t logit = pfc_select(pfc_target_lanes(j, t, half), zero + tl, scaled);
           sum[half] = sum[half] + pfc_exp8(logit - m);
         }
       __builtin_memcpy(lane, sum, sizeof lane);
@@ -360,7 +368,7 @@ PFC_LOOP(pfc_softmax_backward,
     const int64_t t = target[b];
     const float tl = target_logit[b], sl = slope[b], m = row_max[b], cf = coef[b];
     const pfc_octet_t zero = {0.0f};
-    pfc_octet_t sum[2], v, w, d; /* lanes 0-7 and 8-15 */
+    pfc_octet_t sum[2]; /* lanes 0-7 and 8-15 */
     float lane[LANES];
     double total = 0.0;
     for (int64_t chunk = 0; chunk < c; chunk += CHUNK) {
@@ -370,18 +378,14 @@ PFC_LOOP(pfc_softmax_backward,
       for (; j + LANES <= stop; j += LANES)
         for (int half = 0; half < 2; ++half) {
           float *restrict at = row + j + 8 * half;
-          __builtin_memcpy(&v, at, sizeof v);
+          const pfc_octet_t v = pfc_load8(at);
           const pfc_octet_mask_t here = pfc_target_lanes(j, t, half);
-          const pfc_octet_t p = pfc_exp8(PFC_SELECT(here, zero + tl, s * v) - m) * cf;
-          const pfc_octet_t g = PFC_SELECT(here, sl * (p - scale), s * p);
+          const pfc_octet_t p = pfc_exp8(pfc_select(here, zero + tl, s * v) - m) * cf;
+          const pfc_octet_t g = pfc_select(here, sl * (p - scale), s * p);
           const pfc_octet_t prod = v * g;
-          __builtin_memcpy(&d, dw + j + 8 * half, sizeof d);
-          d = d + prod;
-          __builtin_memcpy(dw + j + 8 * half, &d, sizeof d);
+          pfc_store8(dw + j + 8 * half, pfc_load8(dw + j + 8 * half) + prod);
           sum[half] = sum[half] + prod;
-          __builtin_memcpy(&w, inv_w + j + 8 * half, sizeof w);
-          w = g * w;
-          __builtin_memcpy(at, &w, sizeof w);
+          pfc_store8(at, g * pfc_load8(inv_w + j + 8 * half));
         }
       __builtin_memcpy(lane, sum, sizeof lane);
       for (; j < stop; ++j) {
@@ -411,16 +415,14 @@ static inline __attribute__((always_inline)) double pfc_prelu_chunk(double total
                                                                     const float *restrict g, float a,
                                                                     float *restrict out, int64_t len) {
   const pfc_octet_t zero = {0.0f};
-  pfc_octet_t sum[2] = {zero, zero}, xv, gv; /* lanes 0-7 and 8-15 */
+  pfc_octet_t sum[2] = {zero, zero}; /* lanes 0-7 and 8-15 */
   int64_t j = 0;
   for (; j + LANES <= len; j += LANES)
     for (int half = 0; half < 2; ++half) {
-      __builtin_memcpy(&xv, x + j + 8 * half, sizeof xv);
-      __builtin_memcpy(&gv, g + j + 8 * half, sizeof gv);
+      const pfc_octet_t xv = pfc_load8(x + j + 8 * half), gv = pfc_load8(g + j + 8 * half);
       const pfc_octet_mask_t positive = xv > zero;
-      const pfc_octet_t gx = PFC_SELECT(positive, gv, a * gv);
-      __builtin_memcpy(out + j + 8 * half, &gx, sizeof gx);
-      sum[half] = sum[half] + PFC_SELECT(positive, zero, xv * gv);
+      pfc_store8(out + j + 8 * half, pfc_select(positive, gv, a * gv));
+      sum[half] = sum[half] + pfc_select(positive, zero, xv * gv);
     }
   float lane[LANES];
   __builtin_memcpy(lane, sum, sizeof lane);
@@ -533,15 +535,12 @@ static inline __attribute__((always_inline)) void pfc_conv_widen(float *restrict
    rounded, per value), on 8-float vectors, so that every vector width computes the same lanes. */
 static inline __attribute__((always_inline)) void pfc_conv_row_dot(float *restrict lane, const float *restrict g,
                                                                    const float *restrict x, int64_t wo) {
-  pfc_octet_t sum[2], gv, xv; /* lanes 0-7 and 8-15 */
+  pfc_octet_t sum[2]; /* lanes 0-7 and 8-15 */
   __builtin_memcpy(sum, lane, sizeof sum);
   int64_t j = 0;
   for (; j + LANES <= wo; j += LANES)
-    for (int half = 0; half < 2; ++half) {
-      __builtin_memcpy(&gv, g + j + 8 * half, sizeof gv);
-      __builtin_memcpy(&xv, x + j + 8 * half, sizeof xv);
-      sum[half] = sum[half] + gv * xv;
-    }
+    for (int half = 0; half < 2; ++half)
+      sum[half] = sum[half] + pfc_load8(g + j + 8 * half) * pfc_load8(x + j + 8 * half);
   __builtin_memcpy(lane, sum, sizeof sum);
   for (; j < wo; ++j) lane[j % LANES] = lane[j % LANES] + g[j] * x[j];
 }

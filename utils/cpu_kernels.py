@@ -71,8 +71,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-__all__ = ["ENV_ISA", "ENV_SWITCH", "ISA_VERSIONS", "SOURCE", "adamw_rows", "cache_dir", "conv2d_backward", "conv2d_forward", "gather_rows",
-           "isa", "library", "limit_isa", "prelu_backward", "sample_rows", "sgd_rows", "softmax_backward", "softmax_forward", "usable"]
+__all__ = ["ENV_ISA", "ENV_SWITCH", "ISA_VERSIONS", "SOURCE", "adamw_rows", "cache_dir", "conv2d_backward",
+           "conv2d_forward", "gather_rows", "isa", "library", "limit_isa", "prelu_backward", "sample_rows", "sgd_rows",
+           "softmax_backward", "softmax_forward", "usable"]
 
 logger = logging.getLogger(__name__)
 
