@@ -21,24 +21,30 @@ static int pfc_isa_limit = 2;
 #if defined(__x86_64__) && defined(__GNUC__)
 /* The version the entry points run: the highest the CPU has, at most pfc_isa_limit. */
 int64_t pfc_isa(void) {
-  if (pfc_isa_limit >= 2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) return 2;
+  if (pfc_isa_limit >= 2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl"))
+    return 2;
   if (pfc_isa_limit >= 1 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 1;
   return 0;
 }
-/* Every exported loop is one body built three times: for AVX-512 (F and BW), for AVX2 with FMA, and for the
-   baseline x86-64 (or the only build elsewhere); the entry point runs the version pfc_isa names. Explicit
+/* Every exported loop is one body built three times: for AVX-512 (F, BW and VL), for AVX2 with FMA, and for the
+   baseline x86-64 (or the only build elsewhere); the entry point runs the version pfc_isa names. VL lets the
+   8-float vectors below use all 32 vector registers (without it the margin-softmax's spilled to the stack and
+   ran at half the speed of its AVX2 version). Explicit
    target attributes, not GCC's target_clones: those resolve `arch=` clones by CPU model (an AMD Zen 3 got the
    baseline) and make "avx2,fma" two clones, the AVX2 one without FMA (each fmaf a library call). Every version
    gives the same bits: the loops fix their order of summation, not the vector width. Each body returns 0 (or
    its own error code). */
-#define PFC_VERSIONS(name, params, args)                                                                        \
-  __attribute__((target("avx512f,avx512bw,fma"))) static int name##_avx512 params { return name##_body args; } \
-  __attribute__((target("avx2,fma"))) static int name##_avx2 params { return name##_body args; }              \
-  int name params {                                                                                             \
-    const int64_t isa = pfc_isa();                                                                              \
-    if (isa == 2) return name##_avx512 args;                                                                    \
-    if (isa == 1) return name##_avx2 args;                                                                      \
-    return name##_body args;                                                                                    \
+#define PFC_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
+#define PFC_AVX2 __attribute__((target("avx2,fma")))
+#define PFC_VERSIONS(name, params, args)                                               \
+  PFC_AVX512 static int name##_avx512 params { return name##_body args; }              \
+  PFC_AVX2 static int name##_avx2 params { return name##_body args; }                  \
+  int name params {                                                                    \
+    const int64_t isa = pfc_isa();                                                     \
+    if (isa == 2) return name##_avx512 args;                                           \
+    if (isa == 1) return name##_avx2 args;                                             \
+    return name##_body args;                                                           \
   }
 #else
 int64_t pfc_isa(void) { return 0; }
@@ -292,6 +298,11 @@ static inline __attribute__((always_inline)) pfc_octet_t pfc_exp8(pfc_octet_t x)
   const pfc_octet_mask_t scale = ((pfc_octet_mask_t)n - 0x4B400000 + 127) << 23;
   return p * (pfc_octet_t)scale;
 }
+/* Whether the block of LANES columns starting at column j holds the target column t (a branch taken once a row:
+   the other blocks skip the target's selects). */
+static inline __attribute__((always_inline)) int pfc_target_in(int64_t j, int64_t t) {
+  return __builtin_expect(t >= j && t < j + LANES, 0);
+}
 /* Lanes 8·half .. 8·half + 7 of a block of LANES columns starting at column j: all ones at the target column t. */
 static inline __attribute__((always_inline)) pfc_octet_mask_t pfc_target_lanes(int64_t j, int64_t t, int half) {
   const pfc_octet_mask_t lane = {0, 1, 2, 3, 4, 5, 6, 7};
@@ -314,17 +325,24 @@ PFC_LOOP(pfc_softmax_forward,
     const int64_t t = target[b];
     const float tl = target_logit[b];
     const pfc_octet_t zero = {0.0f};
-    pfc_octet_t most[2] = {zero - INFINITY, zero - INFINITY}, sum[2]; /* lanes 0-7 and 8-15 */
+    pfc_octet_t most0 = zero - INFINITY, most1 = most0, sum0, sum1; /* lanes 0-7 and 8-15 */
     int64_t j = 0;
-    for (; j + LANES <= c; j += LANES)
-      for (int half = 0; half < 2; ++half) {
-        const pfc_octet_t v = pfc_load8(row + j + 8 * half) * pfc_load8(inv_w + j + 8 * half);
-        pfc_store8(row + j + 8 * half, v);
-        const pfc_octet_t logit = pfc_select(pfc_target_lanes(j, t, half), zero + tl, s * v);
-        most[half] = pfc_select(logit > most[half], logit, most[half]);
+    for (; j + LANES <= c; j += LANES) {
+      const pfc_octet_t v0 = pfc_load8(row + j) * pfc_load8(inv_w + j);
+      const pfc_octet_t v1 = pfc_load8(row + j + 8) * pfc_load8(inv_w + j + 8);
+      pfc_store8(row + j, v0);
+      pfc_store8(row + j + 8, v1);
+      pfc_octet_t logit0 = s * v0, logit1 = s * v1;
+      if (pfc_target_in(j, t)) {
+        logit0 = pfc_select(pfc_target_lanes(j, t, 0), zero + tl, logit0);
+        logit1 = pfc_select(pfc_target_lanes(j, t, 1), zero + tl, logit1);
       }
+      most0 = pfc_select(logit0 > most0, logit0, most0);
+      most1 = pfc_select(logit1 > most1, logit1, most1);
+    }
     float lane[LANES];
-    __builtin_memcpy(lane, most, sizeof lane);
+    pfc_store8(lane, most0);
+    pfc_store8(lane + 8, most1);
     for (; j < c; ++j) {
       const float v = row[j] * inv_w[j];
       row[j] = v;
@@ -336,14 +354,18 @@ PFC_LOOP(pfc_softmax_forward,
     double total = 0.0;
     for (int64_t chunk = 0; chunk < c; chunk += CHUNK) {
       const int64_t stop = chunk + CHUNK < c ? chunk + CHUNK : c;
-      sum[0] = sum[1] = zero;
-      for (j = chunk; j + LANES <= stop; j += LANES)
-        for (int half = 0; half < 2; ++half) {
-          const pfc_octet_t scaled = s * pfc_load8(row + j + 8 * half);
-          const pfc_octet_t logit = pfc_select(pfc_target_lanes(j, t, half), zero + tl, scaled);
-          sum[half] = sum[half] + pfc_exp8(logit - m);
+      sum0 = sum1 = zero;
+      for (j = chunk; j + LANES <= stop; j += LANES) {
+        pfc_octet_t logit0 = s * pfc_load8(row + j), logit1 = s * pfc_load8(row + j + 8);
+        if (pfc_target_in(j, t)) {
+          logit0 = pfc_select(pfc_target_lanes(j, t, 0), zero + tl, logit0);
+          logit1 = pfc_select(pfc_target_lanes(j, t, 1), zero + tl, logit1);
         }
-      __builtin_memcpy(lane, sum, sizeof lane);
+        sum0 = sum0 + pfc_exp8(logit0 - m);
+        sum1 = sum1 + pfc_exp8(logit1 - m);
+      }
+      pfc_store8(lane, sum0);
+      pfc_store8(lane + 8, sum1);
       for (; j < stop; ++j) lane[j % LANES] += pfc_exp((j == t ? tl : s * row[j]) - m);
       for (int k = 0; k < LANES; ++k) total += lane[k];
     }
@@ -368,26 +390,37 @@ PFC_LOOP(pfc_softmax_backward,
     const int64_t t = target[b];
     const float tl = target_logit[b], sl = slope[b], m = row_max[b], cf = coef[b];
     const pfc_octet_t zero = {0.0f};
-    pfc_octet_t sum[2]; /* lanes 0-7 and 8-15 */
+    pfc_octet_t sum0, sum1; /* lanes 0-7 and 8-15 */
     float lane[LANES];
     double total = 0.0;
     for (int64_t chunk = 0; chunk < c; chunk += CHUNK) {
       const int64_t stop = chunk + CHUNK < c ? chunk + CHUNK : c;
-      sum[0] = sum[1] = zero;
+      sum0 = sum1 = zero;
       int64_t j = chunk;
-      for (; j + LANES <= stop; j += LANES)
-        for (int half = 0; half < 2; ++half) {
-          float *restrict at = row + j + 8 * half;
-          const pfc_octet_t v = pfc_load8(at);
-          const pfc_octet_mask_t here = pfc_target_lanes(j, t, half);
-          const pfc_octet_t p = pfc_exp8(pfc_select(here, zero + tl, s * v) - m) * cf;
-          const pfc_octet_t g = pfc_select(here, sl * (p - scale), s * p);
-          const pfc_octet_t prod = v * g;
-          pfc_store8(dw + j + 8 * half, pfc_load8(dw + j + 8 * half) + prod);
-          sum[half] = sum[half] + prod;
-          pfc_store8(at, g * pfc_load8(inv_w + j + 8 * half));
+      for (; j + LANES <= stop; j += LANES) {
+        const pfc_octet_t v0 = pfc_load8(row + j), v1 = pfc_load8(row + j + 8);
+        const int hit = pfc_target_in(j, t);
+        pfc_octet_t x0 = s * v0, x1 = s * v1;
+        if (hit) {
+          x0 = pfc_select(pfc_target_lanes(j, t, 0), zero + tl, x0);
+          x1 = pfc_select(pfc_target_lanes(j, t, 1), zero + tl, x1);
         }
-      __builtin_memcpy(lane, sum, sizeof lane);
+        const pfc_octet_t p0 = pfc_exp8(x0 - m) * cf, p1 = pfc_exp8(x1 - m) * cf;
+        pfc_octet_t g0 = s * p0, g1 = s * p1;
+        if (hit) {
+          g0 = pfc_select(pfc_target_lanes(j, t, 0), sl * (p0 - scale), g0);
+          g1 = pfc_select(pfc_target_lanes(j, t, 1), sl * (p1 - scale), g1);
+        }
+        const pfc_octet_t prod0 = v0 * g0, prod1 = v1 * g1;
+        pfc_store8(dw + j, pfc_load8(dw + j) + prod0);
+        pfc_store8(dw + j + 8, pfc_load8(dw + j + 8) + prod1);
+        sum0 = sum0 + prod0;
+        sum1 = sum1 + prod1;
+        pfc_store8(row + j, g0 * pfc_load8(inv_w + j));
+        pfc_store8(row + j + 8, g1 * pfc_load8(inv_w + j + 8));
+      }
+      pfc_store8(lane, sum0);
+      pfc_store8(lane + 8, sum1);
       for (; j < stop; ++j) {
         const float v = row[j];
         const int here = j == t;

@@ -49,8 +49,8 @@ results (to rounding). Only fp32 CPU tensors go through the kernels (``usable``)
 ``torch.get_num_threads()`` ranges of rows, run side by side on a thread pool (ctypes releases the GIL), so a
 rank with several intra-op threads updates as torch's operations would, in parallel.
 
-Each loop is built in three versions, AVX-512, AVX2 with FMA and baseline x86-64 (one elsewhere), and runs the
-highest the CPU has. They give the same bits (the loops fix their order of summation, not the vector width).
+Each loop is built in three versions, AVX-512 (F, BW, VL), AVX2 with FMA and baseline x86-64 (one elsewhere), and
+runs the highest the CPU has. They give the same bits (the loops fix their order of summation, not the vector width).
 ``PFC_CPU_KERNELS_ISA=avx2`` or ``baseline`` caps the version (``limit_isa``; ``isa`` says which runs): a way
 round a compiler that builds one version wrong, and how the tests compare them.
 """
