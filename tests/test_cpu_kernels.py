@@ -407,14 +407,59 @@ def test_the_head_samples_with_the_kernel_only_with_the_cpu_tactic(monkeypatch):
     assert set(local[in_shard].tolist()) <= set(chosen[0][0].tolist())  # every positive is sampled
 
 
+def _rows_at(rows: int, width: int, offset: int) -> torch.Tensor:
+    """A NaN-filled (rows, width) fp32 tensor whose data starts ``offset`` floats into its storage: 0 keeps torch's
+    alignment (the streaming stores' path where width is a multiple of 4), 1 puts it 4 bytes off (plain stores)."""
+    return torch.full((rows * width + offset,), float("nan"))[offset:].view(rows, width)
+
+
+@pytest.mark.parametrize("offset", [0, 1])
 @pytest.mark.parametrize("rows, width", [(700, 512), (33, 13), (40, 72), (1, 1), (0, 8)])
-def test_gather_rows_is_index_select(rows, width):
+def test_gather_rows_is_index_select(rows, width, offset):
     g = torch.Generator().manual_seed(rows)
     weight = torch.randn(rows * 3 + 1, width, generator=g)
     index = torch.randperm(rows * 3 + 1, generator=g)[:rows].sort().values
-    out = torch.full((rows, width), float("nan"))
+    out = _rows_at(rows, width, offset)
     cpu_kernels.gather_rows(weight, index, out)
     assert torch.equal(out, torch.index_select(weight, 0, index))
+
+
+@pytest.mark.parametrize("offset", [0, 1])
+@pytest.mark.parametrize("rows, width", [(700, 512), (33, 13), (40, 72), (1, 1), (0, 8)])
+def test_scale_rows_is_torch_mul(rows, width, offset):
+    """The same bits as torch.mul, NaN and infinities included, on the streaming and the plain path."""
+    g = torch.Generator().manual_seed(rows + width)
+    src = torch.randn(rows, width, generator=g)
+    src.view(-1)[3::17] = float("inf")
+    src.view(-1)[5::19] = float("nan")
+    coef = torch.randn(rows, generator=g)
+    coef[1::7] = 0.0
+    out = _rows_at(rows, width, offset)
+    cpu_kernels.scale_rows(src, coef, out)
+    want = torch.mul(src, coef[:, None])
+    assert torch.equal(out.isnan(), want.isnan())
+    assert torch.equal(_bits(out[~out.isnan()]), _bits(want[~want.isnan()]))
+
+
+def test_scale_rows_threads_in_place_and_bad_arguments():
+    src, coef = torch.randn(5000, 64), torch.randn(5000)
+    want = src * coef[:, None]
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        out = torch.empty(5000, 64)
+        cpu_kernels.scale_rows(src, coef, out)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(out, want)
+    cpu_kernels.scale_rows(src, coef, src)  # in place: each value is read before it is written
+    assert torch.equal(src, want)
+    with pytest.raises(ValueError, match=r"scaling the rows of \(5000, 64\) into \(2, 64\)"):
+        cpu_kernels.scale_rows(src, coef, torch.empty(2, 64))
+    with pytest.raises(ValueError, match=r"coef must be a contiguous torch.float32 CPU tensor of shape \(5000,\)"):
+        cpu_kernels.scale_rows(src, coef[:10], out)
+    with pytest.raises(ValueError, match="expected contiguous fp32 CPU tensors, got torch.float64"):
+        cpu_kernels.scale_rows(src.double(), coef, out)
 
 
 def test_gather_rows_threads_and_bad_arguments():
@@ -458,6 +503,36 @@ def test_the_cpu_tactic_gathers_the_sampled_rows_with_the_kernel(sub_centers, mo
         results.append((loss.detach(), emb.grad, head.weight.grad.to_dense()))
     assert calls == [(90, 16 * sub_centers)]  # once, with the CPU tactic: int(0.3 · 301) rows
     for a, b in zip(*results):  # to rounding (ArcFace's s = 64 makes the weight gradient's values ~100)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * float(b.abs().max()))
+
+
+@pytest.mark.parametrize("sub_centers", [1, 3])
+def test_the_cpu_tactic_scales_a_whole_shard_with_the_kernel(sub_centers, monkeypatch):
+    """Without sampling, the weight gradient's −coef·W over the whole shard goes through scale_rows with the CPU
+    tactic only (into the head's kept gradient memory from the second step), and both tactics agree."""
+    from losses import ArcFace
+    from partial_fc import PartialFC
+
+    calls = []
+    real = cpu_kernels.scale_rows
+    monkeypatch.setattr(cpu_kernels, "scale_rows",
+                        lambda *a: (calls.append((a[2].shape, a[2].data_ptr())), real(*a))[1])
+    results = []
+    for tactic in ("row_blocks", "fixed_ops"):
+        torch.manual_seed(0)
+        head = PartialFC(ArcFace(), 16, 301, sample_rate=1.0, sub_centers=sub_centers, tactic=tactic)
+        opt = torch.optim.SGD(head.parameters(), lr=0.1)
+        for _ in range(2):
+            emb = torch.randn(12, 16, requires_grad=True)
+            loss = head(emb, torch.randint(0, 301, (12,)))
+            loss.backward()
+            grad = head.weight.grad.clone()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        results.append((loss.detach(), emb.grad, grad, head.weight.detach()))
+    assert [shape for shape, _ in calls] == [(301 * sub_centers, 16)] * 2  # each step, with the CPU tactic only
+    assert calls[0][1] == calls[1][1]  # the second step writes into the first step's gradient memory
+    for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * float(b.abs().max()))
 
 
@@ -574,9 +649,13 @@ def _every_loop_once(seed: int) -> list[torch.Tensor]:
     exp_avg, exp_avg_sq = torch.randn(300, 45, generator=g), torch.rand(300, 45, generator=g)
     cpu_kernels.adamw_rows(weight, exp_avg, exp_avg_sq, grad, rows, torch.full((101,), -0.01),
                            torch.full((101,), 0.3), 0.01, (0.9, 0.999), 1e-8, 0.1)
-    gathered = torch.empty(101, 45)
+    gathered, streamed = torch.empty(101, 45), torch.empty(101, 48)
     cpu_kernels.gather_rows(weight, rows, gathered)
-    out += [weight, buf, exp_avg, exp_avg_sq, gathered]
+    cpu_kernels.gather_rows(torch.randn(300, 48, generator=g), rows, streamed)
+    scaled, scaled_streamed = torch.empty(101, 45), torch.empty(101, 48)
+    cpu_kernels.scale_rows(special(torch.randn(101, 45, generator=g)), torch.randn(101, generator=g), scaled)
+    cpu_kernels.scale_rows(special(torch.randn(101, 48, generator=g)), torch.randn(101, generator=g), scaled_streamed)
+    out += [weight, buf, exp_avg, exp_avg_sq, gathered, streamed, scaled, scaled_streamed]
 
     batch, classes = 23, 301
     cos = special(torch.randn(batch, classes, generator=g))
