@@ -26,10 +26,10 @@ in ~3 ms.
 Gathering the sampled rows (``gather_rows``; ``partial_fc._cosine_products``): a copy loop that prefetches the
 row after next, since the sampled rows lie scattered over the shard: ~11 ms for 50k rows × 512 here against
 ~20 ms for ``torch.index_select``, the same values. It writes with streaming stores, which do not read the
-destination's cache lines before writing them (the rows are read again only after ~100 MB more): 20 → 16 ms
-on an Intel Xeon where a plain copy runs at ~12 GB/s. The same stores write ``scale_rows``'s rows, the first half
-of the head's weight gradient at R = 1 (``−coef · W`` over the whole shard, ``partial_fc._scaled_rows``): 196 →
-142 ms for 500k × 512 there, against 195 ms for ``torch.mul``, the same values.
+destination's cache lines before writing them (the rows are read again only after ~100 MB more): ~20 → 15–18
+ms on an Intel Xeon where a plain copy runs at ~12 GB/s. The same stores write ``scale_rows``'s rows, the first
+half of the head's weight gradient at R = 1 (``−coef · W`` over the whole shard, ``partial_fc._scaled_rows``):
+124–137 ms for 500k × 512 there, against 176–198 ms for ``torch.mul``, the same values.
 
 PReLU backward (``prelu_backward``; ``backbones.prelu.PReLU``): torch's CPU kernel for the input's and the
 slope's gradients makes several passes and a reduction over a broadcast, ~5 ns per value here, about as long as
