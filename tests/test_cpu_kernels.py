@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -21,6 +22,17 @@ def fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(cpu_kernels, "_loaded", {})
     return tmp_path / "cache" / "partial_fc" / "cpu_kernels"
+
+
+@contextmanager
+def _num_threads(threads: int):
+    """torch's intra-op threads (the kernels split rows over as many) set to ``threads`` inside, restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _case(n_rows: int, d: int, sparse: bool, seed: int):
@@ -100,16 +112,12 @@ def test_the_cpu_tactic_runs_the_kernels_and_fixed_ops_does_not(monkeypatch):
 def test_several_threads_split_the_rows_and_give_the_same_bits():
     weight, rows, grads = _case(3000, 32, True, seed=5)
     results = []
-    before = torch.get_num_threads()
-    try:
-        for threads in (1, 3):
-            torch.set_num_threads(threads)
+    for threads in (1, 3):
+        with _num_threads(threads):
             w, buf = weight.clone(), torch.zeros_like(weight)
             for grad in grads:
                 cpu_kernels.sgd_rows(w, buf, grad, rows, 0.1, 0.9, 5e-4)
             results.append((w, buf))
-    finally:
-        torch.set_num_threads(before)
     assert cpu_kernels._pool is not None and cpu_kernels._pool[1] >= 3
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
 
@@ -241,15 +249,11 @@ def test_softmax_forward_row_statistics_and_threads():
     target = torch.randint(-1, classes, (batch,), generator=g)
     target_logit = torch.randn(batch, generator=g) * 10
     results = []
-    before = torch.get_num_threads()
-    try:
-        for threads in (1, 3):
-            torch.set_num_threads(threads)
+    for threads in (1, 3):
+        with _num_threads(threads):
             cos, row_max, row_sum = products.clone(), torch.empty(batch), torch.empty(batch)
             cpu_kernels.softmax_forward(cos, inv_w, 30.0, target_logit, target, row_max, row_sum)
             results.append((cos, row_max, row_sum))
-    finally:
-        torch.set_num_threads(before)
     cos, row_max, row_sum = results[0]
     assert all(torch.equal(a, b) for a, b in zip(results[0], results[1]))  # rows split over threads: same bits
     assert torch.equal(cos, products * inv_w)
@@ -311,14 +315,10 @@ def test_prelu_backward_is_torch_s_for_the_input_and_exact_sums_for_the_slopes(d
 def test_prelu_backward_threads_and_nan():
     g = torch.Generator().manual_seed(9)
     x, grad, w = torch.randn(12, 4, 30, 30, generator=g), torch.randn(12, 4, 30, 30, generator=g), torch.rand(4)
-    before = torch.get_num_threads()
-    try:
-        results = []
-        for threads in (1, 3):  # images split over threads: the same input gradient, sums to rounding
-            torch.set_num_threads(threads)
+    results = []
+    for threads in (1, 3):  # images split over threads: the same input gradient, sums to rounding
+        with _num_threads(threads):
             results.append(cpu_kernels.prelu_backward(x, grad, w))
-    finally:
-        torch.set_num_threads(before)
     assert torch.equal(results[0][0], results[1][0])
     torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-6, atol=0)
     x[3, 2, 5, 5] = float("nan")  # a NaN input reaches both gradients, as in torch
@@ -444,13 +444,9 @@ def test_scale_rows_is_torch_mul(rows, width, offset):
 def test_scale_rows_threads_in_place_and_bad_arguments():
     src, coef = torch.randn(5000, 64), torch.randn(5000)
     want = src * coef[:, None]
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(3)
-        out = torch.empty(5000, 64)
+    out = torch.empty(5000, 64)
+    with _num_threads(3):
         cpu_kernels.scale_rows(src, coef, out)
-    finally:
-        torch.set_num_threads(before)
     assert torch.equal(out, want)
     cpu_kernels.scale_rows(src, coef, src)  # in place: each value is read before it is written
     assert torch.equal(src, want)
@@ -465,13 +461,9 @@ def test_scale_rows_threads_in_place_and_bad_arguments():
 def test_gather_rows_threads_and_bad_arguments():
     weight = torch.randn(5000, 64)
     index = torch.arange(0, 5000, 2)
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(3)
-        out = torch.empty(2500, 64)
+    out = torch.empty(2500, 64)
+    with _num_threads(3):
         cpu_kernels.gather_rows(weight, index, out)
-    finally:
-        torch.set_num_threads(before)
     assert torch.equal(out, weight[index])
     out = torch.empty(2, 64)
     with pytest.raises(ValueError, match=r"row indices in \[4, 5000\] outside \[0, 5000\)"):
@@ -583,15 +575,11 @@ def test_conv2d_loops_are_the_same_on_any_number_of_threads():
     g = torch.Generator().manual_seed(5)
     x, weight = torch.randn(7, 2, 24, 24, generator=g).bfloat16(), torch.randn(2, 2, 3, 3, generator=g)
     grad = torch.randn(7, 2, 24, 24, generator=g).bfloat16()
-    before = torch.get_num_threads()
-    try:
-        results = []
-        for threads in (1, 3):  # images split over threads: the same input gradient, the weight's to rounding
-            torch.set_num_threads(threads)
+    results = []
+    for threads in (1, 3):  # images split over threads: the same input gradient, the weight's to rounding
+        with _num_threads(threads):
             results.append((*cpu_kernels.conv2d_backward(x, grad, weight, 1, 1),
                             cpu_kernels.conv2d_forward(x, weight, 1, 1)))
-    finally:
-        torch.set_num_threads(before)
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][2], results[1][2])
     torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-6, atol=1e-6)
 
