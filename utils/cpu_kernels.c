@@ -151,8 +151,8 @@ static inline __attribute__((always_inline)) void pfc_stream_fence(void) {
 }
 
 /* The head's sampled rows: rows idx[i] (i in [begin, end)) of `weight` (r values a row) copied to row i of `out`,
-   the row after next prefetched (the rows are scattered over the shard), `out` written by streaming stores: about
-   3x torch's index_select. */
+   the row after next prefetched (the rows are scattered over the shard), `out` written by streaming stores: in
+   half to two thirds of torch's index_select's time. */
 PFC_LOOP(pfc_gather_rows,
          (const float *weight, const int64_t *idx, int64_t r, float *out, int64_t begin, int64_t end),
          (weight, idx, r, out, begin, end)) {

@@ -372,8 +372,8 @@ def softmax_backward(cos: Tensor, inv_w: Tensor, s: float, scale: float, target_
 
 def gather_rows(weight: Tensor, index: Tensor, out: Tensor) -> None:
     """Rows ``index (C,)`` of ``weight (N, R)`` copied into ``out (C, R)``: ``torch.index_select(weight, 0, index,
-    out=out)``, the same values, in about a third of its time (each row after next is prefetched, and ``out`` is
-    written by streaming stores, which do not read its lines first)."""
+    out=out)``, the same values, in half to two thirds of its time (each row after next is prefetched, and ``out``
+    is written by streaming stores, which do not read its lines first)."""
     lib = _required()
     if weight.dim() != 2 or out.dim() != 2 or out.shape != (index.numel(), weight.shape[1]):
         raise ValueError(f"cpu_kernels: gathering {index.numel()} rows of a {tuple(weight.shape)} weight into "
