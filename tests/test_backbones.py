@@ -691,6 +691,7 @@ def test_iresnet_step_is_the_same_with_and_without_the_compiled_cpu_loops(monkey
     """The PReLU and narrow-convolution loops change a step's gradients by rounding only, fp32 and bf16."""
     from utils import cpu_kernels
 
+    reference = None  # torch's fp32 gradients
     for autocast in (False, True):
         grads, ops = {}, {}
         for mode in ("1", "0"):
@@ -716,12 +717,17 @@ def test_iresnet_step_is_the_same_with_and_without_the_compiled_cpu_loops(monkey
         if not autocast:  # fp32: each value to rounding (BatchNorm's near-zero gradients to the gradients' scale)
             for name, grad in grads["1"].items():
                 torch.testing.assert_close(grad, grads["0"][name], rtol=1e-4, atol=1e-4 * scale, msg=name)
+            reference = torch.cat([grads["0"][name].flatten() for name in grads["1"]])
             continue
         # bf16: either side rounds activations and gradients to bf16 at other places, which BatchNorm's batch
-        # statistics spread through the network: the gradients agree at bf16's precision as a whole
+        # statistics spread through the network, and a few gradients are sums that cancel (a stage's 1x1 shortcut:
+        # 50-70% from fp32's on both sides): the gradients agree at bf16's precision as a whole, and the loops'
+        # stay about as close to the fp32 gradients as torch's (measured 0.98-1.18x their distance, oneDNN on
+        # AVX2, AVX-512 and AMX)
         ours = torch.cat([g.flatten() for g in grads["1"].values()])
         theirs = torch.cat([grads["0"][name].flatten() for name in grads["1"]])
-        assert (ours - theirs).norm() <= 0.05 * theirs.norm() and (ours - theirs).abs().max() <= 0.1 * scale
+        assert (ours - theirs).norm() <= 0.05 * theirs.norm()
+        assert (ours - reference).norm() <= 1.5 * (theirs - reference).norm()
 
 
 # ---------------------------------------------------------------------------------------- narrow Conv2d's CPU loops
