@@ -458,6 +458,65 @@ def test_scale_rows_threads_in_place_and_bad_arguments():
         cpu_kernels.scale_rows(src.double(), coef, out)
 
 
+def _norm_probe(rows: int, width: int, seed: int) -> torch.Tensor:
+    """(rows, width) values of magnitudes 1e-3 to 1e3, with a zero row, NaN, an infinity and squares that overflow."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, width, generator=g) * torch.logspace(-3, 3, rows)[:, None]
+    x[rows // 2] = 0.0
+    x.view(-1)[7::997] = float("nan")
+    x.view(-1)[11::1009] = float("inf")
+    x[-1] = 4e19
+    return x
+
+
+@pytest.mark.parametrize("rows, width, threads", [(3000, 512, 1), (3000, 512, 3), (37, 8, 1), (600, 1024, 2),
+                                                  (1, 64, 1), (0, 16, 1)])
+def test_row_norms_are_torch_s_norms(rows, width, threads):
+    """The norms of fp32 rows to the bit as torch.linalg.vector_norm sums them, on this CPU and torch, whatever the
+    thread count; norms_like_torch says so for every width the probe checks."""
+    x = _norm_probe(max(rows, 2), width, rows + width)[:rows]
+    out = torch.full((rows,), -1.0)
+    with _num_threads(threads):
+        cpu_kernels.row_norms(x, out)
+    assert torch.equal(_bits(out), _bits(torch.linalg.vector_norm(x, dim=1)))
+    assert cpu_kernels.norms_like_torch(width)
+
+
+@pytest.mark.parametrize("offset", [0, 1])
+@pytest.mark.parametrize("pieces, width", [(1, 512), (3, 48), (2, 16)])
+def test_gather_rows_with_norms_gives_torch_s_norms(pieces, width, offset):
+    """The gather's norms of each row's K pieces (a class's centres) are torch's bits, on the streaming and the
+    plain path, and the rows are still index_select's."""
+    weight = _norm_probe(901, width, width)
+    index = torch.randperm(901, generator=torch.Generator().manual_seed(pieces))[:300].sort().values
+    out, norms = _rows_at(300, width, offset), torch.full((300, pieces), -1.0)
+    cpu_kernels.gather_rows(weight, index, out, norms)
+    want = torch.index_select(weight, 0, index)
+    assert torch.equal(out.isnan(), want.isnan()) and torch.equal(out[~out.isnan()], want[~want.isnan()])
+    assert torch.equal(_bits(norms.view(-1)), _bits(torch.linalg.vector_norm(want.view(-1, width // pieces), dim=1)))
+
+
+def test_norms_like_torch_is_false_where_the_sums_differ(monkeypatch):
+    """Widths that are no multiple of 8, kernels switched off, and a torch that sums a row's squares in another
+    order all say False, and then the head takes torch's norms (the gather copies only)."""
+    from losses import ArcFace
+    from partial_fc import PartialFC
+
+    assert not cpu_kernels.norms_like_torch(13) and not cpu_kernels.norms_like_torch(4)
+    monkeypatch.setenv(cpu_kernels.ENV_SWITCH, "0")
+    assert not cpu_kernels.norms_like_torch(512)
+    monkeypatch.setenv(cpu_kernels.ENV_SWITCH, "1")
+    monkeypatch.setattr(cpu_kernels, "_norms_checked", {})
+    monkeypatch.setattr(torch.linalg, "vector_norm", lambda x, dim: x.mul(x).sum(dim).sqrt())  # another order
+    assert not cpu_kernels.norms_like_torch(16)
+    calls = []
+    real = cpu_kernels.gather_rows
+    monkeypatch.setattr(cpu_kernels, "gather_rows", lambda *a: (calls.append(len(a)), real(*a))[1])
+    head = PartialFC(ArcFace(), 16, 301, sample_rate=0.3, tactic="row_blocks")
+    head(torch.randn(12, 16), torch.randint(0, 301, (12,)))
+    assert calls == [3]  # no norms asked of the gather
+
+
 def test_gather_rows_threads_and_bad_arguments():
     weight = torch.randn(5000, 64)
     index = torch.arange(0, 5000, 2)
@@ -474,6 +533,13 @@ def test_gather_rows_threads_and_bad_arguments():
         cpu_kernels.gather_rows(weight.double(), torch.tensor([1, 2]), out)
     with pytest.raises(ValueError, match="index must be a contiguous torch.int64"):
         cpu_kernels.gather_rows(weight, torch.tensor([1, 2], dtype=torch.int32), out)
+    for norms in (torch.empty(2, 3), torch.empty(2, 16), torch.empty(3, 1), torch.empty(2), torch.empty(2, 1).double()):
+        with pytest.raises(ValueError, match=r"norms .* of 2 gathered rows of 64 values: expected a contiguous fp32"):
+            cpu_kernels.gather_rows(weight, torch.tensor([1, 2]), out, norms)
+    with pytest.raises(ValueError, match=r"row norms of \(5000, 12\): expected \(n, d\) with d a multiple of 8"):
+        cpu_kernels.row_norms(torch.randn(5000, 12), torch.empty(5000))
+    with pytest.raises(ValueError, match=r"out must be a contiguous torch.float32 CPU tensor of shape \(5000,\)"):
+        cpu_kernels.row_norms(weight, torch.empty(4999))
 
 
 @pytest.mark.parametrize("sub_centers", [1, 3])
@@ -484,7 +550,8 @@ def test_the_cpu_tactic_gathers_the_sampled_rows_with_the_kernel(sub_centers, mo
 
     calls = []
     real = cpu_kernels.gather_rows
-    monkeypatch.setattr(cpu_kernels, "gather_rows", lambda *a: (calls.append(a[2].shape), real(*a))[1])
+    monkeypatch.setattr(cpu_kernels, "gather_rows",
+                        lambda *a: (calls.append((a[2].shape, a[3].shape if len(a) > 3 else None)), real(*a))[1])
     results = []
     for tactic in ("row_blocks", "fixed_ops"):
         torch.manual_seed(0)
@@ -493,7 +560,8 @@ def test_the_cpu_tactic_gathers_the_sampled_rows_with_the_kernel(sub_centers, mo
         loss = head(emb, torch.randint(0, 301, (12,)))
         loss.backward()
         results.append((loss.detach(), emb.grad, head.weight.grad.to_dense()))
-    assert calls == [(90, 16 * sub_centers)]  # once, with the CPU tactic: int(0.3 · 301) rows
+    # once, with the CPU tactic: int(0.3 · 301) rows, and the norms of their centres (torch's bits: 16 values)
+    assert calls == [((90, 16 * sub_centers), (90, sub_centers))]
     for a, b in zip(*results):  # to rounding (ArcFace's s = 64 makes the weight gradient's values ~100)
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * float(b.abs().max()))
 
@@ -640,6 +708,11 @@ def _every_loop_once(seed: int) -> list[torch.Tensor]:
     gathered, streamed = torch.empty(101, 45), torch.empty(101, 48)
     cpu_kernels.gather_rows(weight, rows, gathered)
     cpu_kernels.gather_rows(torch.randn(300, 48, generator=g), rows, streamed)
+    normed, norms = torch.empty(101, 48), torch.empty(101, 2)
+    cpu_kernels.gather_rows(special(torch.randn(300, 48, generator=g)), rows, normed, norms)
+    row_norms = torch.empty(300)
+    cpu_kernels.row_norms(special(torch.randn(300, 24, generator=g)), row_norms)
+    out += [normed, norms, row_norms]
     scaled, scaled_streamed = torch.empty(101, 45), torch.empty(101, 48)
     cpu_kernels.scale_rows(special(torch.randn(101, 45, generator=g)), torch.randn(101, generator=g), scaled)
     cpu_kernels.scale_rows(special(torch.randn(101, 48, generator=g)), torch.randn(101, generator=g), scaled_streamed)

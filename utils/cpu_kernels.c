@@ -65,7 +65,7 @@ int64_t pfc_limit_isa(int64_t level) {
   PFC_VERSIONS(name, params, args)                                    \
   static inline __attribute__((always_inline)) int name##_body params
 
-int64_t pfc_kernels_abi(void) { return 10; }
+int64_t pfc_kernels_abi(void) { return 11; }
 
 /* SGD with momentum and weight decay (torch.optim.SGD, dampening 0, no Nesterov) on rows [begin, end) of an
    n-row update of d values (the caller splits the rows between threads; rows are unique, so threads never
@@ -130,6 +130,38 @@ PFC_LOOP(pfc_adamw_rows,
   return 0;
 }
 
+#define LANES 16
+#define CHUNK 256 /* columns summed in float lanes before they join a double total */
+/* 8 floats and a mask of 8 lanes: GCC vectors for loops whose plain form GCC would not vectorise everywhere.
+   Two of them hold LANES lanes (wider vectors are split through memory on AVX2, and their comparisons run one
+   lane at a time); a comparison of two gives all ones where it holds, else 0. */
+typedef float pfc_octet_t __attribute__((vector_size(8 * sizeof(float))));
+typedef int32_t pfc_octet_mask_t __attribute__((vector_size(8 * sizeof(int32_t))));
+/* a where take is all ones, else b: bit operations, no branch. */
+static inline __attribute__((always_inline)) pfc_octet_t pfc_select(pfc_octet_mask_t take, pfc_octet_t a,
+                                                                    pfc_octet_t b) {
+  return (pfc_octet_t)(((pfc_octet_mask_t)a & take) | ((pfc_octet_mask_t)b & ~take));
+}
+/* 8 floats from / to p (any alignment). */
+static inline __attribute__((always_inline)) pfc_octet_t pfc_load8(const float *p) {
+  pfc_octet_t v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+static inline __attribute__((always_inline)) void pfc_store8(float *p, pfc_octet_t v) {
+  __builtin_memcpy(p, &v, sizeof v);
+}
+
+/* How far ahead of its reads a pass over long rows (the margin-softmax's cosines, a shard's centres) prefetches:
+   2048 floats (8 KB; past the row's end, the next row's start, or past the tensor's end, where a prefetch does
+   nothing). Left to the hardware's prefetcher, the margin-softmax's passes waited on memory as long as they
+   computed: on an Intel Xeon (2026-12-02, 256 rows), the backward at 50k columns took 27 ms with its cosines in
+   memory and 7.3 ms with them ahead in cache, the forward at 500k columns 209 ms and 112 ms; the same bits. The address is formed as an integer: a pointer past the end of its
+   array would be undefined behaviour in C, a prefetch of any address is not (it never faults). */
+#define PFC_AHEAD 2048
+#define PFC_PREFETCH_AHEAD(p, rw) \
+  __builtin_prefetch((const void *)((uintptr_t)(p) + PFC_AHEAD * sizeof(float)), (rw), 3)
+
 /* Streaming stores: rows written once and read again only after many more megabytes (the head's gathered rows,
    a gradient of a whole shard) are written without first reading their cache lines into the cache, as a plain
    store does: a third less memory traffic for a copy. SSE's 4-float store (every x86-64 version has it) where the
@@ -150,12 +182,30 @@ static inline __attribute__((always_inline)) void pfc_stream_fence(void) {
 #endif
 }
 
+/* The Euclidean norm of the d floats at x (d a multiple of 8) as torch.linalg.vector_norm computes it for the rows
+   of an fp32 matrix: the squares added into 8 float lanes (lane = index mod 8, a product then a sum, no fused
+   multiply-add), the lanes added in order, the square root. cpu_kernels.norms_like_torch checks that the torch in
+   the process gives these bits before the head uses them. */
+static inline __attribute__((always_inline)) float pfc_norm8(const float *restrict x, int64_t d) {
+  pfc_octet_t acc = {0.0f};
+  for (int64_t j = 0; j < d; j += 8) {
+    const pfc_octet_t v = pfc_load8(x + j);
+    acc = acc + v * v;
+  }
+  float total = acc[0];
+  for (int k = 1; k < 8; ++k) total = total + acc[k];
+  return sqrtf(total);
+}
+
 /* The head's sampled rows: rows idx[i] (i in [begin, end)) of `weight` (r values a row) copied to row i of `out`,
    the row after next prefetched (the rows are scattered over the shard), `out` written by streaming stores: in
-   half to two thirds of torch's index_select's time. */
+   half to two thirds of torch's index_select's time. With `norms`, also the norms (pfc_norm8) of each row's r / d
+   pieces of d values (a class's centres) into norms[i · r/d ...], read from the row just copied, still in cache:
+   the pass over the gathered rows that torch's norm would make is saved. */
 PFC_LOOP(pfc_gather_rows,
-         (const float *weight, const int64_t *idx, int64_t r, float *out, int64_t begin, int64_t end),
-         (weight, idx, r, out, begin, end)) {
+         (const float *weight, const int64_t *idx, int64_t r, float *out, float *norms, int64_t d, int64_t begin,
+          int64_t end),
+         (weight, idx, r, out, norms, d, begin, end)) {
   const int stream = pfc_streamable(out, r);
   for (int64_t i = begin; i < end; ++i) {
     const float *restrict src = weight + idx[i] * r;
@@ -164,12 +214,27 @@ PFC_LOOP(pfc_gather_rows,
 #if PFC_STREAMS
     if (stream) {
       for (int64_t j = 0; j < r; j += 4) _mm_stream_ps(dst + j, _mm_loadu_ps(src + j));
-      continue;
-    }
+    } else
 #endif
-    for (int64_t j = 0; j < r; ++j) dst[j] = src[j];
+    {
+      for (int64_t j = 0; j < r; ++j) dst[j] = src[j];
+    }
+    if (norms)
+      for (int64_t k = 0; k < r / d; ++k) norms[i * (r / d) + k] = pfc_norm8(src + k * d, d);
   }
   if (stream) pfc_stream_fence();
+  return 0;
+}
+
+/* Norms (pfc_norm8) of rows [begin, end) of x (d values a row, d a multiple of 8) into out: the centres' norms of a
+   whole shard, each row PFC_AHEAD floats ahead prefetched first. */
+PFC_LOOP(pfc_row_norms, (const float *x, int64_t d, float *out, int64_t begin, int64_t end),
+         (x, d, out, begin, end)) {
+  for (int64_t i = begin; i < end; ++i) {
+    const float *restrict row = x + i * d;
+    for (int64_t j = 0; j < d; j += 16) PFC_PREFETCH_AHEAD(row + j, 0);
+    out[i] = pfc_norm8(row, d);
+  }
   return 0;
 }
 
@@ -279,28 +344,6 @@ int64_t pfc_sample_rows(int64_t start, int64_t n, int64_t seed, const int64_t *p
   return m;
 }
 
-#define LANES 16
-#define CHUNK 256 /* columns summed in float lanes before they join a double total */
-/* 8 floats and a mask of 8 lanes: GCC vectors for loops whose plain form GCC would not vectorise everywhere.
-   Two of them hold LANES lanes (wider vectors are split through memory on AVX2, and their comparisons run one
-   lane at a time); a comparison of two gives all ones where it holds, else 0. */
-typedef float pfc_octet_t __attribute__((vector_size(8 * sizeof(float))));
-typedef int32_t pfc_octet_mask_t __attribute__((vector_size(8 * sizeof(int32_t))));
-/* a where take is all ones, else b: bit operations, no branch. */
-static inline __attribute__((always_inline)) pfc_octet_t pfc_select(pfc_octet_mask_t take, pfc_octet_t a,
-                                                                    pfc_octet_t b) {
-  return (pfc_octet_t)(((pfc_octet_mask_t)a & take) | ((pfc_octet_mask_t)b & ~take));
-}
-/* 8 floats from / to p (any alignment). */
-static inline __attribute__((always_inline)) pfc_octet_t pfc_load8(const float *p) {
-  pfc_octet_t v;
-  __builtin_memcpy(&v, p, sizeof v);
-  return v;
-}
-static inline __attribute__((always_inline)) void pfc_store8(float *p, pfc_octet_t v) {
-  __builtin_memcpy(p, &v, sizeof v);
-}
-
 /* exp(x) in float, to ~1.3 units in the last place: 2^n · P(r) with x = n·ln2 + r, |r| <= ln2/2 (Cody-Waite
    split of ln2, degree-7 polynomial), n rounded by adding 1.5·2^23 (no float-to-int conversion, so a NaN stays
    a NaN). Branch-free, so the row loops below vectorise. Results below e^-87 are e^-87 (~1.6e-38), not 0. */
@@ -361,16 +404,6 @@ static inline __attribute__((always_inline)) pfc_octet_mask_t pfc_target_lanes(i
   const int32_t at = t >= j && t < j + LANES ? (int32_t)(t - j) - 8 * half : -1;
   return lane == at;
 }
-
-/* How far ahead of its reads a row pass over the cosines prefetches: 2048 floats (8 KB; past the row's end, the
-   next row's start, or past the tensor's end, where a prefetch does nothing). Left to the hardware's prefetcher,
-   these passes wait on memory as long as they compute: on an Intel Xeon (2026-12-02, 256 rows), the backward at
-   50k columns took 27 ms with its cosines in memory and 7.3 ms with them ahead in cache, the forward at 500k
-   columns 209 ms and 112 ms; the same bits. The address is formed as an integer: a pointer past the end of its
-   array would be undefined behaviour in C, a prefetch of any address is not (it never faults). */
-#define PFC_AHEAD 2048
-#define PFC_PREFETCH_AHEAD(p, rw) \
-  __builtin_prefetch((const void *)((uintptr_t)(p) + PFC_AHEAD * sizeof(float)), (rw), 3)
 
 /* Forward of the fused margin-softmax on rows [begin, end) of `cos` (B, c): each row is scaled in place by
    the centres' inverse norms (cos = products · inv_w: the cosines the backward reads), its logits are s·cos
