@@ -569,14 +569,16 @@ def test_the_cpu_tactic_gathers_the_sampled_rows_with_the_kernel(sub_centers, mo
 @pytest.mark.parametrize("sub_centers", [1, 3])
 def test_the_cpu_tactic_scales_a_whole_shard_with_the_kernel(sub_centers, monkeypatch):
     """Without sampling, the weight gradient's −coef·W over the whole shard goes through scale_rows with the CPU
-    tactic only (into the head's kept gradient memory from the second step), and both tactics agree."""
+    tactic only (into the head's kept gradient memory from the second step), the shard's centres' norms through
+    row_norms, and both tactics agree."""
     from losses import ArcFace
     from partial_fc import PartialFC
 
-    calls = []
-    real = cpu_kernels.scale_rows
+    calls, norm_calls = [], []
+    real, real_norms = cpu_kernels.scale_rows, cpu_kernels.row_norms
     monkeypatch.setattr(cpu_kernels, "scale_rows",
                         lambda *a: (calls.append((a[2].shape, a[2].data_ptr())), real(*a))[1])
+    monkeypatch.setattr(cpu_kernels, "row_norms", lambda *a: (norm_calls.append(a[0].shape), real_norms(*a))[1])
     results = []
     for tactic in ("row_blocks", "fixed_ops"):
         torch.manual_seed(0)
@@ -592,6 +594,7 @@ def test_the_cpu_tactic_scales_a_whole_shard_with_the_kernel(sub_centers, monkey
         results.append((loss.detach(), emb.grad, grad, head.weight.detach()))
     assert [shape for shape, _ in calls] == [(301 * sub_centers, 16)] * 2  # each step, with the CPU tactic only
     assert calls[0][1] == calls[1][1]  # the second step writes into the first step's gradient memory
+    assert norm_calls == [(301 * sub_centers, 16)] * 2  # one centre a row
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * float(b.abs().max()))
 
