@@ -156,24 +156,24 @@ def _cosine_products(emb: Tensor, weight: Tensor, index: Tensor | None, out: Ten
     compute_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else torch.float32
     width = emb.shape[1]
     with torch.autocast(device_type, enabled=False):
+        loops = tactic == "row_blocks" and cpu_kernels.usable(weight)
         # The compiled loops' norms are torch's bits (checked once per width): the same values, one pass fewer.
-        compiled = tactic == "row_blocks" and cpu_kernels.usable(weight) and cpu_kernels.norms_like_torch(width)
-        w_norm = None
-        if index is not None and tactic == "row_blocks" and cpu_kernels.usable(weight):
+        own_norms = loops and cpu_kernels.norms_like_torch(width)
+        classes = weight.shape[0] if index is None else index.shape[0]
+        w_norm = torch.empty(classes, weight.shape[1] // width) if own_norms else None  # (C, K)
+        if index is not None and loops:
             rows = torch.empty(index.shape[0], weight.shape[1]) if rows_out is None else rows_out  # (C, K·D)
-            if compiled:  # the norms of each row copied, while it is in cache
-                w_norm = torch.empty(rows.shape[0] * (rows.shape[1] // width))  # (C·K,)
-                cpu_kernels.gather_rows(weight, index, rows, w_norm.view(rows.shape[0], -1))
-            else:
-                cpu_kernels.gather_rows(weight, index, rows)  # index_select's values in half its time
+            # index_select's values in half its time, and the norms of each row while it is in cache
+            cpu_kernels.gather_rows(weight, index, rows, w_norm)
         else:
             rows = weight if index is None else torch.index_select(weight, 0, index, out=rows_out)  # (C, K·D)
         rows = rows.view(-1, width)  # (C·K, D) one centre per row
-        if w_norm is None and index is None and compiled:
-            w_norm = torch.empty(rows.shape[0])  # (C·K,)
-            cpu_kernels.row_norms(rows, w_norm)  # a whole shard's centres, prefetched ahead
-        elif w_norm is None:
+        if w_norm is None:
             w_norm = torch.linalg.vector_norm(rows, dim=1)  # (C·K,)
+        else:
+            w_norm = w_norm.view(-1)  # (C·K,)
+            if index is None:
+                cpu_kernels.row_norms(rows, w_norm)  # a whole shard's centres, prefetched ahead
         emb = emb.float()
         e_norm = torch.linalg.vector_norm(emb, dim=1)  # (B,)
         inv_e = 1.0 / e_norm.clamp_min(_NORM_EPS)  # (B,)

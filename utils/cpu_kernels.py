@@ -25,15 +25,16 @@ in ~3 ms.
 
 Gathering the sampled rows (``gather_rows``; ``partial_fc._cosine_products``): a copy loop that prefetches the
 row after next, since the sampled rows lie scattered over the shard: ~11 ms for 50k rows × 512 here against
-~20 ms for ``torch.index_select``, the same values. It can also return the centres' norms, read from each row
-while it is in cache, summed as ``torch.linalg.vector_norm`` sums an fp32 row (8 float lanes, then the lanes in
-order: the same bits, which ``norms_like_torch`` checks on a probe once per width before the head relies on it),
-so the head's pass over the gathered rows for their norms goes; ``row_norms`` does the same over a whole shard
-(R = 1), prefetching ahead: ~89 ms against torch's ~101 ms for 500k × 512 on an Intel Xeon. It writes with streaming stores, which do not read the
+~20 ms for ``torch.index_select``, the same values. It writes with streaming stores, which do not read the
 destination's cache lines before writing them (the rows are read again only after ~100 MB more): ~20 → 15–18
 ms on an Intel Xeon where a plain copy runs at ~12 GB/s. The same stores write ``scale_rows``'s rows, the first
 half of the head's weight gradient at R = 1 (``−coef · W`` over the whole shard, ``partial_fc._scaled_rows``):
-124–137 ms for 500k × 512 there, against 176–198 ms for ``torch.mul``, the same values.
+124–137 ms for 500k × 512 there, against 176–198 ms for ``torch.mul``, the same values. The gather can also
+return the centres' norms, read from each row while it is in cache and summed as ``torch.linalg.vector_norm``
+sums an fp32 row (8 float lanes, then the lanes in order: the same bits, which ``norms_like_torch`` checks on a
+probe once per width before the head relies on it), so the head makes no pass over the gathered rows for their
+norms; ``row_norms`` does the same over a whole shard (R = 1), prefetching ahead: ~89 ms against torch's ~101
+ms for 500k × 512 on an Intel Xeon.
 
 PReLU backward (``prelu_backward``; ``backbones.prelu.PReLU``): torch's CPU kernel for the input's and the
 slope's gradients makes several passes and a reduction over a broadcast, ~5 ns per value here, about as long as
