@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -272,7 +273,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = load_config(args.config, overrides)
         device = pick_device(cfg.device)
     except (ValueError, FileNotFoundError) as exc:  # a mistake in the config or --set: one line, no traceback
-        print(f"train.py: {exc}", file=sys.stderr)
+        # Found before the run has a process group or a folder to log in: every rank of a node meets it (they
+        # read the same files), its first rank says it, on stderr only (the folder may be what is wrong).
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            print(f"train.py: {exc}", file=sys.stderr)
         return 2
     init_process_group(device, cfg.dist_timeout_minutes)
     try:

@@ -194,6 +194,17 @@ def test_without_a_compiler_the_torch_operations_run(fresh_cache, monkeypatch, c
     assert not fresh_cache.exists()
 
 
+def test_switched_off_by_the_environment_it_says_so_once(fresh_cache, monkeypatch, caplog):
+    monkeypatch.setenv("PFC_CPU_KERNELS", "0")
+    with caplog.at_level(logging.INFO, logger="utils.cpu_kernels"):
+        assert cpu_kernels.library() is None and cpu_kernels.library() is None
+        assert not cpu_kernels.usable(torch.zeros(2, 2))
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["CPU kernels: switched off (PFC_CPU_KERNELS=0); the head, PReLU and narrow convolutions use "
+                    "torch operations"]
+    assert not fresh_cache.exists()  # nothing built
+
+
 def test_a_failing_build_is_reported_and_falls_back(fresh_cache, tmp_path, monkeypatch, caplog):
     broken = tmp_path / "broken-cc"
     broken.write_text("#!/bin/sh\necho 'cc: fatal error: out of cheese' >&2\nexit 3\n")

@@ -137,6 +137,10 @@ def _target(compiler: str, folder: Path) -> Path:
 def library() -> ctypes.CDLL | None:
     """The loaded kernels (built first if needed), or None when they are switched off or cannot be built."""
     if os.environ.get(ENV_SWITCH, "1") == "0":
+        if "switched off" not in _loaded:
+            logger.info("CPU kernels: switched off (%s=0); the head, PReLU and narrow convolutions use torch "
+                        "operations", ENV_SWITCH)
+            _loaded["switched off"] = None
         return None
     # Called on every PReLU and head call: once resolved for this environment, no file-system lookups.
     environment = ("environment", os.environ.get("CC"), os.environ.get("PATH"), os.environ.get("XDG_CACHE_HOME"),

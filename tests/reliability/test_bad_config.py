@@ -47,3 +47,18 @@ def test_more_ranks_than_classes_under_torchrun(tmp_path):
     assert re.search(r"num_classes = 1 is smaller than world_size = 2.*at most 1 ranks", out), out[-3000:]
     # torchrun prints its own failure summary; the workers print no traceback of train.py.
     assert 'train.py", line' not in out, out[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_config_mistake_under_torchrun_is_said_once_and_not_logged(tmp_path):
+    """Found before the run has a folder: the node's first rank says it on stderr; no training.log is made."""
+    cmd = [*torchrun_command(2), "train.py", "configs/debug_cpu", "--set", f"output={tmp_path / 'out'}",
+           "sample_rat=0.5"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=110)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    hits = [line for line in error_lines(out) if re.search(r"^train.py: .*sample_rat.*'sample_rate'", line)]
+    assert len(hits) == 1, out[-3000:]
+    assert 'train.py", line' not in out, out[-3000:]
+    assert not (tmp_path / "out").exists()
