@@ -50,7 +50,8 @@ def _is_jpeg(data: bytes) -> bool:
 
 def decode_many(data: Sequence[bytes], where: Sequence[str], image_size: tuple[int, int] | None = None
                 ) -> list[torch.Tensor]:
-    """``[decode(d, w, image_size) for d, w in zip(data, where)]``: the same images and the same errors, faster.
+    """``[decode(d, w, image_size) for d, w in zip(data, where)]``: the same images, faster. With several bad
+    images the error may name another of them than the loop would (undecodable JPEGs are found first).
 
     All the JPEGs go to the decoder in one call, their bytes in one buffer: torchvision's per-call checks
     and one buffer per image cost ~5-10% of decoding a 112x112 face. Other formats take ``decode``.

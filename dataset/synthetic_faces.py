@@ -102,7 +102,10 @@ class IdentityParams:
 
 @dataclass(frozen=True)
 class NuisanceConfig:
-    """Upper bounds of the per-image nuisances (each is drawn uniformly up to its bound)."""
+    """Bounds of the per-image nuisances, each drawn per image: smile and brow raise uniform in [-0.3, 1]·bound;
+    mouth opening and eye closing u²·bound (u uniform in [0, 1]: mostly small); illumination, blur and noise
+    uniform in [0, bound]; the others uniform in ±bound. ``occlusion_p`` is a probability, ``jpeg_quality`` the
+    range of qualities."""
 
     rotation_deg: float = 8.0
     scale: float = 0.06           # relative, +-

@@ -3,8 +3,9 @@
 A `.bin` is a pickle of ``(bins, issame_list)``: ``2·P`` encoded images (JPEG/PNG bytes, or numpy uint8
 arrays of them), pair ``i`` being ``(bins[2i], bins[2i+1])``, and ``P`` booleans; files written by
 Python 2 store the images as ``str``. The files come from the internet, so they are read with an
-unpickler that can only build the few types the format needs (bytes, numpy uint8 arrays, bools); any
-other global in the file is refused before anything from the file runs.
+unpickler that can only build the few types the format needs (bytes, numpy arrays and scalars, bools; an
+image array that is not uint8 is refused after unpickling); any other global in the file is refused before
+anything from the file runs.
 """
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
@@ -38,7 +39,8 @@ class CallbackVerification:
 
     The files are loaded once, at construction, on rank 0 only (other ranks hold nothing); every rank must
     construct it (a collective tells them which targets rank 0 found: ``targets``). A missing file is
-    skipped with one warning; an unreadable one raises ``ValueError`` on every rank. ``device``: where the
+    skipped with one warning; an unreadable one (damaged, refused by the safe unpickler, not readable by
+    this user) raises ``ValueError`` on every rank. ``device``: where the
     decision travels (the training device: NCCL needs a CUDA tensor).
     ``best[target]`` is the highest flip accuracy seen so far; ``nfolds`` is the number of
     cross-validation folds (10 in the published protocol). ``autocast_dtype``: the backbone's body runs
@@ -70,7 +72,7 @@ class CallbackVerification:
                     continue
                 try:
                     self.sets[target] = load_bin(path, image_size)
-                except ValueError as exc:
+                except (ValueError, OSError, pickle.UnpicklingError) as exc:  # a refused global is an UnpicklingError
                     status[i], error = _UNREADABLE, str(exc)
                     break
                 status[i] = _LOADED

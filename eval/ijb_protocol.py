@@ -114,7 +114,9 @@ def _read_table(path: Path, columns: int) -> list[list[str]]:
 
 
 def read_meta(data_dir: str | os.PathLike, target: str) -> IJBMeta:
-    """Read ``meta/{t}_*.txt`` for ``t = target.lower()``; ``ValueError`` naming file and line on bad rows."""
+    """Read ``meta/{t}_*.txt`` for ``t = target.lower()``. ``ValueError`` on bad rows: naming file and line for a
+    row with the wrong number of fields, the file for images without landmarks, the folder for a non-numeric
+    id, landmark or label."""
     meta = Path(data_dir) / "meta"
     t = target.lower()
     faces = _read_table(meta / f"{t}_face_tid_mid.txt", 3)

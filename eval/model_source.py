@@ -1,7 +1,8 @@
 """Which model a tool runs: the model options, defined once, and how they become a backbone.
 
 ``python -m eval.verify``, ``python -m eval.ijb``, ``scripts/torch2onnx.py`` and ``scripts/inference.py``
-take the same options (``add_model_options``), each tool the sources it can run:
+take the same options (``add_model_options``), each tool the sources it can run (``scripts/torch2onnx.py`` exports
+on the CPU and has no ``--device``):
 
     --weights PATH          a backbone state_dict (``model.pt`` of a run, or an official ``backbone.pth``)
     --onnx PATH             an exported model, run with onnxruntime

@@ -10,7 +10,8 @@
 #
 # Every node needs the same code, config and dataset path; the master address must be reachable from all.
 # Python: $PYTHON when set, else .venv/bin/python when the repository has one, else python3 from PATH.
-# Exit status: 2 for a usage error (one line on stderr); with --run, torchrun's own.
+# Exit status: 2 for a usage error (one line on stderr naming it; the usage without arguments); with --run,
+# torchrun's own.
 set -euo pipefail
 self="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 cd "$(dirname "$self")/.."

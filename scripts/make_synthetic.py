@@ -5,7 +5,7 @@
 
 writes ``train.rec``/``train.idx``/``property`` (insightface layout), ``syn_easy.bin`` and ``syn_hard.bin``
 (verification pairs from identities disjoint from the training ones) and ``synthetic.json`` (written last).
-A second run with the same parameters finds the stamp and does nothing. See ``dataset/synthetic_faces.py``.
+A second run with the same parameters finds the stamp and writes nothing (but the ``--preview`` image when asked). See ``dataset/synthetic_faces.py``.
 """
 from __future__ import annotations
 

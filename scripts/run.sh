@@ -5,7 +5,8 @@
 #   scripts/run.sh configs/ms1mv3_r50 8
 #   scripts/run.sh configs/debug_cpu 2 --set max_steps=20
 #
-# NPROC defaults to the number of visible GPUs (1 when there is none).
+# NPROC defaults to the number of visible GPUs: the entries of CUDA_VISIBLE_DEVICES when it is set, else
+# every GPU nvidia-smi lists (1 when there is none).
 # Python: $PYTHON when set, else .venv/bin/python when the repository has one, else python3 from PATH.
 # Exit status: 2 for a usage error (usage on stderr); otherwise torchrun's own.
 set -euo pipefail
@@ -24,6 +25,9 @@ if [ $# -gt 0 ] && [[ $1 =~ ^[0-9]+$ ]]; then
     nproc=$1
     shift
     [ "$nproc" -ge 1 ] || { echo "run.sh: NPROC must be >= 1, got $nproc" >&2; exit 2; }
+elif [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then  # torch sees only these GPUs: one rank per entry
+    nproc=$(printf '%s\n' "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c '[^[:space:]]' || true)
+    [ "${nproc:-0}" -ge 1 ] || nproc=1
 else
     nproc=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
     [ "${nproc:-0}" -ge 1 ] || nproc=1

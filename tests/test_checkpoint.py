@@ -6,7 +6,9 @@ at ``dist.barrier``); one test runs the real thing on 2 gloo ranks.
 from __future__ import annotations
 
 import json
+import os
 import pickle
+import shutil
 import threading
 from pathlib import Path
 
@@ -15,10 +17,10 @@ import torch
 
 from utils.distributed import run_on_local_ranks
 from utils.files import load_tensors, save_atomic
-from utils.checkpoint import (MANIFEST, clean_partial, find_latest, head_shard, list_checkpoints, load_common,
-                              load_optimizer_state,
-                              load_head_rows, load_rng, make_common, restore_head, rng_state, train_state_of, TrainState,
-                              save_checkpoint, set_rng_state, step_dir)
+from utils.checkpoint import (MANIFEST, TrainState, clean_partial, find_latest, head_shard, is_complete,
+                              list_checkpoints, load_common, load_head_rows, load_optimizer_state, load_rng,
+                              make_common, recover_replaced, restore_head, rng_state, save_checkpoint, set_rng_state,
+                              step_dir, train_state_of)
 
 D = 4  # embedding size of the fake heads
 
@@ -173,6 +175,28 @@ def test_truncated_file_is_detected(tmp_path):
     assert not bad.exists() and good.exists()
 
 
+def test_a_resave_stopped_between_its_renames_keeps_the_replaced_copy(tmp_path):
+    save_world(tmp_path, 5, 2)
+    first = save_world(tmp_path, 10, 2)
+    # Saving step 10 again stopped after moving the complete copy aside, before renaming the new one in.
+    old, partial = first.with_name(first.name + ".old"), first.with_name(first.name + ".tmp")
+    os.replace(first, old)
+    partial.mkdir()
+    (partial / "head_rank0.pt").write_bytes(b"partial")
+    assert find_latest(tmp_path) == step_dir(tmp_path, 5)  # before the next run looks: only .old holds step 10
+    assert recover_replaced(tmp_path) == [first] and recover_replaced(tmp_path) == []
+    assert clean_partial(tmp_path) == [partial]
+    assert find_latest(tmp_path) == first and is_complete(first) and not old.exists()
+
+
+def test_a_resave_stopped_after_its_renames_drops_the_old_copy(tmp_path):
+    first = save_world(tmp_path, 10, 2)
+    old = first.with_name(first.name + ".old")
+    shutil.copytree(first, old)  # both complete: the new copy was renamed in, the old one not yet removed
+    assert recover_replaced(tmp_path) == [] and clean_partial(tmp_path) == [old]
+    assert find_latest(tmp_path) == first and not old.exists()
+
+
 @pytest.mark.parametrize("barrier_call", [1, 2, 3])
 def test_crash_during_save_leaves_previous_newest(tmp_path, barrier_call):
     good = save_world(tmp_path, 5, 2)
@@ -241,7 +265,7 @@ def test_repartition_errors_name_the_file(tmp_path):
         load_head_rows(ckpt, 0, 7)
     bad["weight"] = torch.zeros(2, D)
     save_atomic(bad, ckpt / "head_rank1.pt")
-    with pytest.raises(ValueError, match=r"head_rank1.pt: weight has shape \(2, 4\); expected \(3, embedding_size\)"):
+    with pytest.raises(ValueError, match=r"head_rank1.pt: weight has shape \(2, 4\); expected \(3, K·D\): one row per class"):
         load_head_rows(ckpt, 0, 7)
     (ckpt / "head_rank1.pt").unlink()
     with pytest.raises(ValueError, match=r"head_rank1.pt: missing head shard of rank 1"):

@@ -107,3 +107,19 @@ def test_without_PYTHON_the_repository_venv_then_python3(tmp_path, script, args)
     assert command().startswith(expected[0])
     (tmp_path / "venv-aside").rename(venv)
     assert command().startswith(expected[1])
+
+
+@pytest.mark.parametrize("visible, nproc", [(None, 8), ("0,1", 2), ("3", 1), ("", 1)])
+def test_run_starts_one_rank_per_visible_gpu(tmp_path, visible, nproc):
+    stub = tmp_path / "bin" / "nvidia-smi"  # a node with 8 GPUs
+    stub.parent.mkdir()
+    stub.write_text("#!/bin/sh\n" + "".join(f"echo 'GPU {i}: NVIDIA H100 (UUID: GPU-{i})'\n" for i in range(8)))
+    stub.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    env.update(PYTHON="echo", PATH=f"{stub.parent}:{env['PATH']}")
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "run.sh"), "configs/x"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"-m torch.distributed.run --standalone --nproc_per_node={nproc} train.py configs/x"

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 import struct
 import subprocess
 import sys
@@ -400,6 +401,29 @@ def test_callback_other_ranks_load_nothing_and_wait_at_the_barrier(monkeypatch):
         result = callback(1, _Recorder())
         assert (None if result is None else result["tiny"]["pairs"]) == expected
     assert calls == ["barrier", "barrier"]
+
+
+def _callback_error(rank: int, world_size: int, folder: str) -> str:
+    """On a rank of a real group: build the callback on ``folder``/evil.bin and return the ValueError it raised."""
+    from eval.callback import CallbackVerification
+
+    try:
+        CallbackVerification(["evil"], folder)
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+@pytest.mark.timeout(120)
+def test_callback_a_refused_bin_is_an_error_on_every_rank_not_a_hang(tmp_path):
+    marker = tmp_path / "pwned"
+    (tmp_path / "evil.bin").write_bytes(pickle.dumps(([_RunsCommand(marker), b"x"], [True]), protocol=2))
+    from utils.distributed import run_on_local_ranks
+
+    said = run_on_local_ranks(_callback_error, 2, str(tmp_path), timeout=100)
+    assert re.search(r"evil\.bin: refused global (posix|nt)\.system", said[0]), said
+    assert said[1] == f"{tmp_path / 'evil.bin'}: rank 0 could not read this verification file", said
+    assert not marker.exists()
 
 
 @pytest.mark.parametrize("n, k", [(6000, 10), (1200, 10), (1203, 10), (7, 2), (10, 10), (11, 3)])

@@ -15,7 +15,8 @@ Writing is crash-safe: every rank writes into ``step_X.tmp/`` (each file as ``<n
 renamed), all ranks meet at a barrier, rank 0 writes the manifest, renames the directory to ``step_X``, fsyncs
 the parent and prunes old checkpoints. A checkpoint counts only when its directory has the final name and a
 manifest whose files all exist with the listed sizes, so a crash at any point leaves the previous complete
-checkpoint as the newest one. All ranks must see the same ``output`` folder (one machine, or a shared file
+checkpoint as the newest one. Saving a step that exists moves the old copy to ``step_X.old`` just before the
+rename; a crash between the two renames leaves it there, and the next run (``recover_replaced``) renames it back. All ranks must see the same ``output`` folder (one machine, or a shared file
 system across nodes).
 
 Everything is stored as tensors, numbers, strings, lists and dicts and read back with
@@ -110,7 +111,7 @@ def make_common(*, state: TrainState, lr: float, backbone: Mapping[str, torch.Te
 
 def head_shard(weight: torch.Tensor, state: Mapping[str, torch.Tensor], class_start: int,
                num_classes: int) -> dict[str, Any]:
-    """One rank's head: weight rows (num_local, D) for classes [class_start, class_start + num_local) and the
+    """One rank's head: weight rows (num_local, K·D) for classes [class_start, class_start + num_local) and the
     head optimizer's state for them (``optimizer.state[weight]``: every tensor row-wise, first dim num_local).
     """
     num_local = weight.shape[0]
@@ -314,13 +315,36 @@ def prune(output: str | os.PathLike, keep: int) -> list[Path]:
     return doomed
 
 
+def recover_replaced(output: str | os.PathLike) -> list[Path]:
+    """Rename back each complete ``step_X.old`` whose ``step_X`` is missing or incomplete: a save of an existing
+    step stopped between moving the old copy aside and renaming the new one in (rank 0, before anyone looks for
+    checkpoints). Returns the checkpoints restored."""
+    root = checkpoint_root(output)
+    if not root.is_dir():
+        return []
+    restored = []
+    for old in sorted(root.glob("step_*.old")):
+        final = old.with_name(old.name[:-len(".old")])
+        if _STEP_DIR.match(final.name) and old.is_dir() and is_complete(old) and not is_complete(final):
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(old, final)
+            restored.append(final)
+    if restored:
+        fsync_dir(root)
+        logger.info("restored checkpoints a stopped save had moved aside: %s", ", ".join(p.name for p in restored))
+    return restored
+
+
 def clean_partial(output: str | os.PathLike) -> list[Path]:
     """Remove leftovers of interrupted saves (rank 0, before training starts): ``*.tmp``/``*.old`` entries and
-    ``step_*`` directories that are not complete. Other files are left alone. Returns what was removed.
+    ``step_*`` directories that are not complete, after ``recover_replaced`` has renamed back the ``.old`` copies
+    that are the only complete one of their step. Other files are left alone. Returns what was removed.
     """
     root = checkpoint_root(output)
     if not root.is_dir():
         return []
+    recover_replaced(output)
     removed = []
     for path in sorted(root.iterdir()):
         partial_step = path.is_dir() and _STEP_DIR.match(path.name) and not is_complete(path)
@@ -361,7 +385,8 @@ def _check_shard(shard: Any, path: Path) -> None:
         raise ValueError(f"{path}: holds {keys}; expected a head shard with keys {list(HEAD_KEYS)}")
     n, weight = shard["num_local"], shard["weight"]
     if weight.dim() != 2 or weight.shape[0] != n:
-        raise ValueError(f"{path}: weight has shape {tuple(weight.shape)}; expected ({n}, embedding_size)")
+        raise ValueError(f"{path}: weight has shape {tuple(weight.shape)}; expected ({n}, K·D): one row per class, "
+                         f"its K centres side by side")
     for key, value in shard["state"].items():
         if value.dim() == 0 or value.shape[0] != n:
             raise ValueError(f"{path}: optimizer state {key!r} has shape {tuple(value.shape)}; expected first "
@@ -374,7 +399,7 @@ def load_head_rows(ckpt_dir: str | os.PathLike, class_start: int, num_local: int
     shards overlap them: a checkpoint written by any world size can be loaded by any other.
 
     ``num_classes``: the current config's value, checked against the checkpoint's. Returns
-    ``{"class_start", "num_local", "num_classes", "weight": (num_local, D), "state": {key: (num_local, ...)}}``.
+    ``{"class_start", "num_local", "num_classes", "weight": (num_local, K·D), "state": {key: (num_local, ...)}}``.
     Raises ``ValueError`` naming the file when a shard is missing, shapes disagree or num_classes differs.
     """
     ckpt_dir = Path(ckpt_dir)
@@ -421,7 +446,7 @@ def load_head_rows(ckpt_dir: str | os.PathLike, class_start: int, num_local: int
         cursor = hi
     if cursor != end:
         raise ValueError(f"{ckpt_dir}: no head shard holds classes [{cursor}, {end})")
-    weight = torch.cat([p[2]["weight"] for p in pieces]) if pieces else torch.empty(0, dim)  # (num_local, D)
+    weight = torch.cat([p[2]["weight"] for p in pieces]) if pieces else torch.empty(0, dim)  # (num_local, K·D)
     state = {k: torch.cat([p[2]["state"][k] for p in pieces]) for k in sorted(state_keys)} if pieces else {}
     return {"class_start": class_start, "num_local": num_local, "num_classes": saved_classes,
             "weight": weight, "state": state}
@@ -568,7 +593,7 @@ class Trainer(Protocol):
     world_size: int
     backbone: torch.nn.Module
     opt_backbone: torch.optim.Optimizer
-    head: Any  # partial_fc.PartialFC: weight (num_local, D), class_start, num_local
+    head: Any  # partial_fc.PartialFC: weight (num_local, K·D), class_start, num_local
     opt_head: torch.optim.Optimizer
     scaler: Any  # utils.precision.LossScaler
     output: Path
@@ -609,6 +634,9 @@ def resume(job: Trainer, steps_per_epoch: int, logger: logging.Logger) -> TrainS
 
     cfg, explicit = job.cfg, bool(job.cfg.resume)
 
+    if job.rank == 0:
+        recover_replaced(job.output)
+    barrier()  # a checkpoint a stopped save moved aside is back under its name before anyone looks
     start, foreign = plan_start(job.output, cfg.resume, cfg.auto_resume,
                                 lambda path: load_common(path, mmap=True)["fingerprint"] == job.fingerprint)
     if foreign and not cfg.archive_checkpoints:

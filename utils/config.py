@@ -36,8 +36,10 @@ _BOOL_OR_STR = frozenset({"resume"})
 
 # Keys that do not change what the model learns: operational settings (where and how often to write, log,
 # evaluate; how many loader workers; how long to wait for peers) and settings that change speed or numerics
-# only at rounding level (device, channels_last, compile, tf32). Every other key enters the fingerprint, so a
-# checkpoint is resumed automatically only by a run that would have produced the same training trajectory.
+# only at rounding level (device, channels_last, compile, tf32), and the loader (dali: DALI shuffles and flips
+# with its own random streams, so a run that switches it keeps training on the same data in another order).
+# Every other key enters the fingerprint, so a checkpoint is resumed automatically only by a run that would
+# have produced the same training trajectory with the same loader.
 FINGERPRINT_EXCLUDED = frozenset({
     "output", "resume", "auto_resume", "archive_checkpoints", "save_all_states", "save_every_steps",
     "keep_checkpoints", "verbose", "frequent", "val_targets", "num_workers", "dali", "device", "channels_last",
@@ -521,7 +523,9 @@ def check_paths(cfg: Mapping[str, Any]) -> None:
 def data_identity(rec: str) -> str:
     """What the training data holds, not where it lies: a hash of ``train.idx`` and the size of ``train.rec``
     (RecordIO), of the sorted relative paths and sizes of the images (an image folder), or ``"synthetic"``.
-    A dataset copied or moved to another disk keeps its identity; a changed one does not."""
+    A dataset copied or moved to another disk keeps its identity; one with records or images added, removed or
+    resized does not. Contents are not read (a dataset may be terabytes): a record rewritten in place at the
+    same offset and size (a relabelled header, say) keeps the identity."""
     if rec == "synthetic":
         return "synthetic"
     root, digest = Path(rec), hashlib.sha256()
@@ -539,8 +543,9 @@ def fingerprint(cfg: Mapping[str, Any], data: str | None = None) -> str:
     ``data`` (``data_identity(rec)``), the data's identity stands in for the ``rec`` path, so a moved dataset
     keeps the fingerprint.
 
-    Two configurations with the same fingerprint train the same model step for step, so a checkpoint of one
-    may be resumed automatically by the other. Keys at their ``_FINGERPRINT_LEGACY`` value are left out, so a
+    Two configurations with the same fingerprint train the same model step for step (with the same loader:
+    ``dali`` is left out, see ``FINGERPRINT_EXCLUDED``), so a checkpoint of one may be resumed automatically by
+    the other. Keys at their ``_FINGERPRINT_LEGACY`` value are left out, so a
     configuration saved before such a key existed hashes as it did then.
     """
     def plain(v: Any) -> Any:

@@ -54,7 +54,8 @@ The C file is compiled on first use with the system's C compiler (``$CC``, else 
 compiler and the machine, written atomically (ranks that start together may both build it), and loaded with
 ctypes. Where there is no compiler, the build fails, or ``PFC_CPU_KERNELS=0`` is set in the environment,
 ``library()`` is None (said once in the log) and the head runs the torch operations instead, with the same
-results (to rounding). Only fp32 CPU tensors go through the kernels (``usable``). An update is split into
+results (to rounding). Only fp32 CPU tensors go through the head's and the optimizers' kernels (``usable``);
+PReLU's backward and the narrow convolutions also take bf16 ones. An update is split into
 ``torch.get_num_threads()`` ranges of rows, run side by side on a thread pool (ctypes releases the GIL), so a
 rank with several intra-op threads updates as torch's operations would, in parallel.
 

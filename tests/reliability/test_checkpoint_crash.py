@@ -1,7 +1,10 @@
 """A process SIGKILLed between writing a checkpoint and renaming it into place: the previous checkpoint stays
-the newest complete one, the next run removes the partial directory and resumes from it."""
+the newest complete one, the next run removes the partial directory and resumes from it. A save of an existing
+step stopped between its two renames: the next run renames the old copy back and resumes from it."""
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 
 import pytest
@@ -46,4 +49,24 @@ def test_kill_between_write_and_rename_keeps_previous_checkpoint_and_resume_uses
     assert "removed partial checkpoints: step_000000010.tmp" in done.stdout
     assert f"resumed from {step_dir(output, 5)} at step 5" in done.stdout
     assert not partial.exists() and find_latest(output) == step_dir(output, 40)
+    assert max_difference(load_model(reference_run), load_model(output)) <= 1e-6
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_resave_stopped_between_its_renames_is_resumed_from_the_old_copy(reference_run, tmp_path):
+    output = tmp_path / "run"
+    shutil.copytree(reference_run, output)
+    last = step_dir(output, 40)
+    # Saving step 40 again stopped after moving the complete copy aside, before renaming the new one in.
+    os.replace(last, last.with_name(last.name + ".old"))
+    partial = last.with_name(last.name + ".tmp")
+    partial.mkdir()
+    (partial / "head_rank0.pt").write_bytes(b"partial")
+
+    done = train(CONFIG, output, *REFERENCE, nproc=2)
+    assert "restored checkpoints a stopped save had moved aside: step_000000040" in done.stdout, done.stdout[-3000:]
+    assert f"resumed from {last} at step 40" in done.stdout, done.stdout[-3000:]
+    assert not partial.exists() and not last.with_name(last.name + ".old").exists()
+    assert find_latest(output) == last and is_complete(last)
     assert max_difference(load_model(reference_run), load_model(output)) <= 1e-6
