@@ -1,4 +1,5 @@
-# Set-up and checks. Every target creates .venv and installs requirements.txt when they are missing or stale.
+# Set-up and checks. Every target but gpu-check creates .venv and installs requirements.txt when they are missing or
+# stale.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -34,7 +35,7 @@ bench: $(VENV)/.installed
 	$(PY) bench/head.py --num-classes 1000000 --world-size 2 --batch-size 128 --embedding-size 512 --threads 1 --sample-rate 1.0 --repeats 5 --json $(BENCH_OUT)/head_r1.json
 	$(PY) bench/head.py --num-classes 1000000 --world-size 2 --batch-size 128 --embedding-size 512 --threads 1 --sample-rate 0.1 --optimizer adamw --repeats 9 --json $(BENCH_OUT)/head_r0.1_adamw.json
 	$(PY) bench/head.py --num-classes 1000000 --world-size 2 --batch-size 128 --embedding-size 512 --threads 1 --sample-rate 0.1 --update all --repeats 3 --json $(BENCH_OUT)/head_r0.1_all.json
-	$(PY) bench/backbone.py --network r50 --batch-size 8 --repeats 3 --json $(BENCH_OUT)/backbone_r50.json
+	$(PY) bench/backbone.py --network r50 --batch-size 8 --repeats 3 --device cpu --json $(BENCH_OUT)/backbone_r50.json
 	$(PY) bench/loader.py --workers 1 --json $(BENCH_OUT)/loader.json
 	$(PY) bench/bin_memory.py --images 12000 --json $(BENCH_OUT)/bin_memory.json
 	$(PY) bench/plan.py --num-classes 29000000 --gpus 8 --sample-rate 0.1 --embedding-size 512 --batch-size 128 --json $(BENCH_OUT)/plan.json
