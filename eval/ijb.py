@@ -44,20 +44,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         backbone = build_backbone(args)
         result = evaluate_ijb(args.data_dir, args.target, backbone, args.batch_size, args.num_workers)
-    except (FileNotFoundError, ValueError) as exc:  # a bad file names itself; a traceback would only hide it
+        levels = list(result["tar"])
+        print(f"{'target':<8} {'pairs':>10} " + " ".join(f"{'FAR=' + lv:>11}" for lv in levels) + f" {'AUC':>8}")
+        print(f"{args.target:<8} {result['pairs']:>10} "
+              + " ".join(f"{100 * result['tar'][lv]:>11.2f}" for lv in levels) + f" {100 * result['auc']:>8.3f}")
+        if args.json is not None:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            summary = {k: v for k, v in result.items() if k not in ("fpr", "tpr")}
+            args.json.write_text(json.dumps({args.target: summary}, indent=2) + "\n")
+        if args.roc is not None:
+            write_roc_curves(args.roc, {args.target: (result["fpr"], result["tpr"])}, title=f"{args.target} 1:1",
+                             log_fpr=True)
+    except (OSError, ValueError) as exc:  # a bad file names itself; a traceback would only hide it
         print("eval.ijb: error: " + " ".join(str(exc).split()), file=sys.stderr)
         return 2
-    levels = list(result["tar"])
-    print(f"{'target':<8} {'pairs':>10} " + " ".join(f"{'FAR=' + lv:>11}" for lv in levels) + f" {'AUC':>8}")
-    print(f"{args.target:<8} {result['pairs']:>10} "
-          + " ".join(f"{100 * result['tar'][lv]:>11.2f}" for lv in levels) + f" {100 * result['auc']:>8.3f}")
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        summary = {k: v for k, v in result.items() if k not in ("fpr", "tpr")}
-        args.json.write_text(json.dumps({args.target: summary}, indent=2) + "\n")
-    if args.roc is not None:
-        write_roc_curves(args.roc, {args.target: (result["fpr"], result["tpr"])}, title=f"{args.target} 1:1",
-                         log_fpr=True)
     return 0
 
 

@@ -110,6 +110,8 @@ def _read_table(path: Path, columns: int) -> list[list[str]]:
             raise ValueError(f"{path}:{lineno}: expected {columns} space-separated fields, got {len(fields)}: "
                              f"{line.strip()[:80]!r}")
         rows.append(fields)
+    if not rows:
+        raise ValueError(f"{path}: no rows")
     return rows
 
 

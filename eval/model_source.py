@@ -57,10 +57,10 @@ class Architecture:
         model.json it came from for a name or argument ``backbones.get_model`` refuses."""
         try:
             return get_model(self.network, num_features=self.embedding_size, **self.network_kwargs)
-        except ValueError as exc:
-            if self.card is None:
-                raise
-            raise ValueError(f"{self.card}: {exc}") from None
+        except (ValueError, TypeError) as exc:  # TypeError: a keyword argument of the wrong kind or type
+            where = f"{self.card}: " if self.card is not None else ""
+            what = f"network {self.network!r} with {self.network_kwargs}: " if isinstance(exc, TypeError) else ""
+            raise ValueError(f"{where}{what}{exc}") from None
 
     def flags(self) -> str:
         """The options that name this architecture, as a user would type them."""

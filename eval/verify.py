@@ -100,8 +100,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Bad data: say which file and what is wrong in one line; a traceback would only hide it.
         print("eval.verify: error: " + " ".join(str(exc).split()), file=sys.stderr)
         return 1
-    except (FileNotFoundError, ValueError) as exc:
-        # The command or its configuration was wrong (a missing file, weights for another network).
+    except (OSError, ValueError) as exc:
+        # The command or its configuration was wrong (a missing file, weights for another network, an output
+        # path that cannot be written).
         print("eval.verify: error: " + " ".join(str(exc).split()), file=sys.stderr)
         return 2
     return 0

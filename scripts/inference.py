@@ -52,15 +52,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model = build_backbone(args)
         embedding = embed(model, read_face(args.image), args.device)
-    except (ValueError, FileNotFoundError) as exc:
+        norm = float(np.linalg.norm(embedding))
+        shown = ", ".join(f"{v:.4f}" for v in embedding[:8] / max(norm, 1e-12))
+        print(f"{args.image}: embedding of size {embedding.size}, norm {norm:.4f}; normalised: [{shown}, ...]")
+        if args.output:
+            np.save(args.output, embedding)
+            print(f"saved {args.output}")
+    except (ValueError, OSError) as exc:  # OSError: an --output that cannot be written
         print("inference: error: " + " ".join(str(exc).split()), file=sys.stderr)
         return 2
-    norm = float(np.linalg.norm(embedding))
-    shown = ", ".join(f"{v:.4f}" for v in embedding[:8] / max(norm, 1e-12))
-    print(f"{args.image}: embedding of size {embedding.size}, norm {norm:.4f}; normalised: [{shown}, ...]")
-    if args.output:
-        np.save(args.output, embedding)
-        print(f"saved {args.output}")
     return 0
 
 

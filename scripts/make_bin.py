@@ -32,7 +32,11 @@ def read_pairs(pairs_file: Path, root: Path) -> list[tuple[Path, Path, bool]]:
     """The pairs in ``pairs_file``; ``ValueError`` naming the file and line for a malformed line or a
     missing image."""
     pairs = []
-    for lineno, line in enumerate(pairs_file.read_text().splitlines(), start=1):
+    try:
+        text = pairs_file.read_text()
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{pairs_file}: not a text file of pairs ({exc})") from None
+    for lineno, line in enumerate(text.splitlines(), start=1):
         fields = line.split()
         if not fields or fields[0].startswith("#"):
             continue

@@ -93,7 +93,11 @@ def read_list_file(path: Path) -> Source:
     if not path.is_file():
         raise FileNotFoundError(f"list file {path} does not exist")
     items = []
-    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not a text list of 'path<TAB>label' lines ({exc})") from None
+    for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         fields = line.split("\t")
@@ -261,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.num_classes is not None and args.num_classes < 1:
         parser.error(f"--num-classes must be >= 1, got {args.num_classes}")
+    if min(args.image_size) < 1:
+        parser.error(f"--image-size must be two sizes >= 1, got {args.image_size[0]} {args.image_size[1]}")
     try:
         source = list_image_folder(args.images) if args.images else read_list_file(args.list)
         report = make_rec(source, args.out, args.num_classes, tuple(args.image_size), args.skip_bad)

@@ -35,7 +35,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="rendering processes (default: min(2, CPU count)); the output does not depend on it")
     p.add_argument("--preview", default=None, help="also write a PNG grid of samples (rows = identities, "
                                                    "columns = nuisance draws) to this path")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.seed < 0:
+        p.error(f"--seed must be >= 0, got {args.seed}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.preview:
             synthetic_faces.preview_grid(args.preview, seed=args.seed)
             logger.info("preview written to %s", args.preview)
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:  # OSError: an --out or --preview that cannot be written
         print(f"make_synthetic: error: {exc}", file=sys.stderr)
         return 2
     if wrote:

@@ -43,9 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("dst", type=Path, help="output folder")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.seed < 0:
+        parser.error(f"--seed must be >= 0, got {args.seed}")
     try:
         n = shuffle_rec(args.src, args.dst, args.seed)
-    except (FileNotFoundError, RecordIOError, ValueError, KeyError) as exc:
+    except (OSError, RecordIOError, ValueError, KeyError) as exc:  # OSError: a dst that cannot be a folder
         print(f"shuffle_rec: error: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {n} shuffled images to {args.dst}")

@@ -62,13 +62,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tolerance", type=float, default=1e-3, help="largest allowed |torch - onnxruntime|")
     args = parser.parse_args(argv)
     check_model_options(parser, args)
+    if args.batch < 1:
+        parser.error(f"--batch must be >= 1, got {args.batch}")
     try:
         model = build_backbone(args)
-    except (ValueError, FileNotFoundError) as exc:
+        export(model, args.output, opset=args.opset)
+        diff = max_difference(model, args.output, batch=args.batch)
+    except (ValueError, OSError) as exc:  # OSError: an --output that cannot be written
         print("torch2onnx: error: " + " ".join(str(exc).split()), file=sys.stderr)
         return 2
-    export(model, args.output, opset=args.opset)
-    diff = max_difference(model, args.output, batch=args.batch)
     print(f"wrote {args.output} (opset {args.opset}, dynamic batch); max |torch - onnxruntime| = {diff:.2e} "
           f"on a batch of {args.batch}")
     if diff > args.tolerance:

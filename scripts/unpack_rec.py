@@ -19,6 +19,7 @@ def unpack_rec(src: Path, out: Path) -> int:
     """Write every image of ``src`` to ``out/<label:06d>/<key>.<ext>``; return the image count."""
     with IndexedRecordIO(src / "train.idx", src / "train.rec", "r") as rec:
         _, keys, _ = detect_layout(rec)
+        out.mkdir(parents=True, exist_ok=True)  # an out that cannot be a folder fails here, before any work
         for key in tqdm(keys.tolist(), desc="unpack_rec", unit="img"):
             header, image = unpack(rec.read_idx(key))
             label = class_of(header.label, f"{rec.rec_path} (key {key})")
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         n = unpack_rec(args.src, args.out)
-    except (FileNotFoundError, RecordIOError, ValueError, KeyError) as exc:
+    except (OSError, RecordIOError, ValueError, KeyError) as exc:  # OSError: an out that cannot be a folder
         print(f"unpack_rec: error: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {n} images to {args.out}")

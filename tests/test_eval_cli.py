@@ -424,3 +424,34 @@ def test_a_model_json_naming_an_unknown_network_names_the_file(trained, tmp_path
     assert rc == 2 and err.strip().splitlines() == [
         f"eval.verify: error: {tmp_path / 'model.json'}: unknown backbone 'tinny' (did you mean 'tiny'?); valid names: "
         + ", ".join(list_models())], err
+
+
+UNWRITABLE = "/proc/no-such-folder"  # nobody, root included, can create a folder under /proc
+
+
+@pytest.mark.timeout(120)
+def test_outputs_that_cannot_be_written_and_bad_network_arguments_are_one_line(trained, tmp_path, capsys):
+    tools = _tools(trained, tmp_path)
+    model = [*MODEL_ARGS, "--weights", str(trained / "model.pt")]
+    outputs = {"eval.verify": ["--json", str(tmp_path)],  # a folder where the JSON file goes
+               "torch2onnx": [],  # _tools' --output is replaced below
+               "inference": ["--output", f"{UNWRITABLE}/embedding.npy"]}
+    for name, extra in outputs.items():
+        main, argv = tools[name]
+        if name == "torch2onnx":
+            argv = ["--output", f"{UNWRITABLE}/model.onnx"]
+        assert main([*model, *argv, *extra]) == 2, name
+        err = capsys.readouterr().err
+        lines = [line for line in err.replace("\r", "\n").splitlines() if line.startswith(name)]  # no progress bar
+        assert len(lines) == 1 and lines[0].startswith(f"{name}: error: ") and "Traceback" not in err, err
+        assert (str(tmp_path) if name == "eval.verify" else UNWRITABLE) in lines[0]
+    rc, _, err = _run(capsys, "--network", "tiny", "--embedding-size", "16", "--network-kwargs", '{"widths": 16}',
+                      "--random-init", "0", "--data-dir", trained, "--targets", "synth")
+    assert rc == 2 and len(err.strip().splitlines()) == 1
+    assert err.startswith("eval.verify: error: network 'tiny' with {'widths': 16}: "), err
+    from scripts import torch2onnx
+
+    with pytest.raises(SystemExit) as stop:
+        torch2onnx.main([*model, "--output", str(tmp_path / "m.onnx"), "--batch", "0"])
+    assert stop.value.code == 2 and "--batch must be >= 1, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "m.onnx").exists()

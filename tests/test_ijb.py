@@ -143,6 +143,25 @@ def test_bad_protocol_files_are_named(mini_ijb, tmp_path):
         ijb_protocol.read_meta(tmp_path, "IJBC")
 
 
+def test_empty_protocol_files_are_named(tmp_path):
+    (tmp_path / "meta").mkdir()
+    for name in ("ijbc_face_tid_mid.txt", "ijbc_template_pair_label.txt", "ijbc_name_5pts_score.txt"):
+        (tmp_path / "meta" / name).write_text("\n")
+    with pytest.raises(ValueError, match=r"ijbc_face_tid_mid\.txt: no rows"):
+        ijb_protocol.read_meta(tmp_path, "IJBC")
+
+
+def test_cli_names_an_output_it_cannot_write_after_the_table(mini_ijb, capsys):
+    rc = ijb.main(["--network", "tiny", "--embedding-size", "8", "--network-kwargs", '{"widths": [4, 4, 8, 8]}',
+                   "--random-init", "0", "--data-dir", str(mini_ijb), "--target", "IJBC", "--num-workers", "0",
+                   "--batch-size", "6", "--json", "/proc/no-such-folder/ijb.json"])
+    captured = capsys.readouterr()
+    assert rc == 2 and captured.out.splitlines()[1].startswith("IJBC")  # the results are printed first
+    err = [line for line in captured.err.replace("\r", "\n").splitlines() if line.startswith("eval.ijb")]
+    assert len(err) == 1 and err[0].startswith("eval.ijb: error: ") and "/proc/no-such-folder" in err[0], err
+    assert "Traceback" not in captured.err
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_cli_on_mini_ijb(mini_ijb, tmp_path, capsys, monkeypatch, precision):
     pytest.importorskip("backbones")

@@ -70,9 +70,25 @@ def load_tensors(path: str | os.PathLike, mmap: bool = False) -> Any:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as exc:
         raise ValueError(f"{path}: refused: the file holds objects other than tensors, numbers, strings, lists "
-                         f"and dicts, and loading it could run code ({str(exc).splitlines()[0]})") from None
+                         f"and dicts, and loading it could run code, or it is not a torch file "
+                         f"({_unpickler_detail(exc)})") from None
     except (RuntimeError, EOFError, OSError) as exc:
         raise ValueError(f"{path}: cannot be read as a torch file ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+
+
+# The sentences around the detail in torch's weights-only errors (torch 2.6 to 2.14).
+_TORCH_ADVICE = ("Weights only load failed", "Please file an issue", "Check the documentation")
+
+
+def _unpickler_detail(exc: BaseException) -> str:
+    """What torch's weights-only unpickler objected to (``Trying to load unsupported GLOBAL posix.system ...``), without
+    the advice around it (torch suggests ``weights_only=False``, which would run the file's code)."""
+    for line in (line.strip() for line in str(exc).splitlines()):
+        if line.startswith(_TORCH_ADVICE):  # "... WeightsUnpickler error: <detail>" may end one of them
+            line = line.split("WeightsUnpickler error:", 1)[1].strip() if "WeightsUnpickler error:" in line else ""
+        if line:
+            return line
+    return type(exc).__name__
 
 
 def load_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
