@@ -21,6 +21,7 @@ from typing import Sequence
 from eval.ijb_protocol import evaluate_ijb
 from eval.model_source import add_model_options, build_backbone, check_model_options
 from eval.plots import write_roc_curves
+from utils.logging_setup import one_line
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -56,7 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             write_roc_curves(args.roc, {args.target: (result["fpr"], result["tpr"])}, title=f"{args.target} 1:1",
                              log_fpr=True)
     except (OSError, ValueError) as exc:  # a bad file names itself; a traceback would only hide it
-        print("eval.ijb: error: " + " ".join(str(exc).split()), file=sys.stderr)
+        # one_line: an image that fails in a loader worker comes back with the worker's traceback in its message
+        print("eval.ijb: error: " + " ".join(one_line(exc).split()), file=sys.stderr)
         return 2
     return 0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -160,6 +161,19 @@ def test_cli_names_an_output_it_cannot_write_after_the_table(mini_ijb, capsys):
     err = [line for line in captured.err.replace("\r", "\n").splitlines() if line.startswith("eval.ijb")]
     assert len(err) == 1 and err[0].startswith("eval.ijb: error: ") and "/proc/no-such-folder" in err[0], err
     assert "Traceback" not in captured.err
+
+
+@pytest.mark.timeout(120)
+def test_cli_names_an_image_that_fails_in_a_loader_worker(mini_ijb, tmp_path, capsys):
+    data = tmp_path / "IJBC"
+    shutil.copytree(mini_ijb, data)
+    (data / "loose_crop" / "3.png").write_bytes(b"not an image")
+    rc = ijb.main(["--network", "tiny", "--embedding-size", "8", "--network-kwargs", '{"widths": [4, 4, 8, 8]}',
+                   "--random-init", "0", "--data-dir", str(data), "--target", "IJBC", "--num-workers", "1",
+                   "--batch-size", "6"])
+    err = [line for line in capsys.readouterr().err.replace("\r", "\n").splitlines() if line.startswith("eval.ijb")]
+    assert rc == 2 and len(err) == 1 and "3.png" in err[0], err
+    assert "Traceback" not in err[0] and "Caught" not in err[0] and len(err[0]) < 600, err
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
