@@ -80,7 +80,10 @@ def run(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     for target, path in paths.items():
         data = load_bin(path)
         with tqdm(total=2 * data.images.shape[0], desc=target, unit="img", file=sys.stderr, leave=False) as bar:
-            results[target] = test(data, backbone, args.batch_size, progress=bar.update)
+            try:
+                results[target] = test(data, backbone, args.batch_size, progress=bar.update)
+            except ValueError as exc:  # a set the protocol cannot score (too few pairs): name the file
+                raise ValueError(f"{path}: {exc}") from None
     print("\n".join(format_table(results)))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -426,6 +426,16 @@ def test_a_model_json_naming_an_unknown_network_names_the_file(trained, tmp_path
         + ", ".join(list_models())], err
 
 
+def test_a_set_too_small_to_score_is_named(tmp_path, capsys):
+    g = torch.Generator().manual_seed(5)
+    images = _faces(torch.tensor([0, 0, 1, 0]), g)
+    save_bin(tmp_path / "two.bin", [encode_jpeg(im, quality=95).numpy().tobytes() for im in images], [True, False])
+    rc, _, err = _run(capsys, *MODEL_ARGS, "--random-init", "0", "--data-dir", tmp_path, "--targets", "two")
+    lines = [line for line in err.replace("\r", "\n").splitlines() if line.startswith("eval.verify")]
+    assert rc == 2 and lines == [f"eval.verify: error: {tmp_path / 'two.bin'}: nrof_folds=10 for 2 pairs; allowed: "
+                                 f"2 <= nrof_folds <= pairs"], err
+
+
 UNWRITABLE = "/proc/no-such-folder"  # nobody, root included, can create a folder under /proc
 
 
