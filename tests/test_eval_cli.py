@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torchvision.io import encode_jpeg, encode_png
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, UNWRITABLE
 from eval import verify
 from eval.verification import load_bin, save_bin, unpickle_bin
 from scripts import make_bin
@@ -434,9 +434,6 @@ def test_a_set_too_small_to_score_is_named(tmp_path, capsys):
     lines = [line for line in err.replace("\r", "\n").splitlines() if line.startswith("eval.verify")]
     assert rc == 2 and lines == [f"eval.verify: error: {tmp_path / 'two.bin'}: nrof_folds=10 for 2 pairs; allowed: "
                                  f"2 <= nrof_folds <= pairs"], err
-
-
-UNWRITABLE = "/proc/no-such-folder"  # nobody, root included, can create a folder under /proc
 
 
 @pytest.mark.timeout(120)

@@ -13,6 +13,7 @@ from torch import nn
 from torchvision.io import encode_png
 
 from eval import ijb, ijb_protocol
+from tests.helpers import UNWRITABLE
 
 
 def _similarity(scale: float, angle: float, tx: float, ty: float) -> np.ndarray:
@@ -155,11 +156,11 @@ def test_empty_protocol_files_are_named(tmp_path):
 def test_cli_names_an_output_it_cannot_write_after_the_table(mini_ijb, capsys):
     rc = ijb.main(["--network", "tiny", "--embedding-size", "8", "--network-kwargs", '{"widths": [4, 4, 8, 8]}',
                    "--random-init", "0", "--data-dir", str(mini_ijb), "--target", "IJBC", "--num-workers", "0",
-                   "--batch-size", "6", "--json", "/proc/no-such-folder/ijb.json"])
+                   "--batch-size", "6", "--json", f"{UNWRITABLE}/ijb.json"])
     captured = capsys.readouterr()
     assert rc == 2 and captured.out.splitlines()[1].startswith("IJBC")  # the results are printed first
     err = [line for line in captured.err.replace("\r", "\n").splitlines() if line.startswith("eval.ijb")]
-    assert len(err) == 1 and err[0].startswith("eval.ijb: error: ") and "/proc/no-such-folder" in err[0], err
+    assert len(err) == 1 and err[0].startswith("eval.ijb: error: ") and UNWRITABLE in err[0], err
     assert "Traceback" not in captured.err
 
 

@@ -8,11 +8,9 @@ import os
 import pytest
 import torch
 
-from tests.helpers import FIXTURES
+from tests.helpers import FIXTURES, UNWRITABLE
 from scripts import make_bin, make_rec, make_synthetic, shuffle_rec, unpack_rec
 from utils.files import load_tensors
-
-UNWRITABLE = "/proc/no-such-folder"  # nobody, root included, can create a folder under /proc
 
 
 def _one_line(capsys, tool: str) -> str:
