@@ -44,7 +44,7 @@ config.compile_backend = "inductor"
 # interclass filtering is refused). AdaFace's paper differentiates through its margin: margin_gradient = "exact".
 config.margin = "combined"
 # Combined margin (m1, m2, m3): target logit s * (cos(m1 * theta + m2) - m3).
-# ArcFace: (1.0, 0.5, 0.0); CosFace: (1.0, 0.0, 0.4). m1 > 0, m2 >= 0, m3 >= 0.
+# ArcFace: (1.0, 0.5, 0.0); CosFace: (1.0, 0.0, 0.4). m1 >= 1, 0 <= m2 < pi/2, m3 >= 0.
 config.margin_list = (1.0, 0.5, 0.0)
 # Logit scale s (the radius of the hypersphere); > 0.
 config.margin_scale = 64.0
@@ -112,10 +112,12 @@ config.max_nonfinite_steps = 10
 # or "synthetic" (random images, for speed tests and CI).
 config.rec = "synthetic"
 # Number of identities (classes) in the training set; >= 1 and >= world size. None = what the dataset says
-# (its property file or header record, the identity folders), filled in and logged by the trainer.
+# (its property file or header record, the identity folders), filled in and logged by the trainer; synthetic
+# data and the DALI loader need it set.
 config.num_classes = None
 # Number of training images; it sets the steps per epoch (num_image // (batch_size * world * gradient_acc)).
-# None = what the dataset holds (its index, the image files), filled in and logged by the trainer.
+# None = what the dataset holds (its index, the image files; synthetic data: 10 per class), filled in and logged
+# by the trainer.
 config.num_image = None
 # Epochs to train; >= 1 unless max_steps > 0.
 config.num_epoch = 20
@@ -123,8 +125,9 @@ config.num_epoch = 20
 config.warmup_epoch = 0
 # Train for this many optimizer steps instead of num_epoch epochs; 0 = derive from num_epoch; >= 0.
 config.max_steps = 0
-# NVIDIA DALI loader (GPU JPEG decoding; needs the optional nvidia-dali package, a CUDA device and a rec
-# without the header record: scripts/shuffle_rec.py). Resumes at the right step but not with the same images.
+# NVIDIA DALI loader (GPU JPEG decoding; needs the optional nvidia-dali package, e.g. nvidia-dali-cuda120, a CUDA
+# device, num_classes set and a rec without the header record: scripts/shuffle_rec.py). Resumes at the right step
+# but not with the same images.
 config.dali = False
 # arcface_torch's extra DALI augmentation (random down-and-up resize, blur, hue/saturation shift, grayscale).
 # Refused: only False is accepted. Our loaders make every image a function of (seed, epoch, sample) so that a
@@ -154,7 +157,7 @@ config.resume = False
 config.auto_resume = True
 # Write resumable checkpoints (backbone, optimizers, scaler, RNG, head shards) at every epoch end and every
 # save_every_steps. On by default so that a crashed job loses at most save_every_steps steps; False = write
-# only the backbone weights (output/model.pt), as arcface_torch does by default.
+# only the backbone weights (output/model.pt, with its model.json), as arcface_torch does by default.
 config.save_all_states = True
 # Also checkpoint every this many optimizer steps; 0 = only at epoch end; >= 0.
 config.save_every_steps = 0

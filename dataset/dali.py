@@ -60,11 +60,11 @@ def get_dali_dataloader(rec_dir: str | os.PathLike, batch_size: int, *, rank: in
         from nvidia.dali import fn, pipeline_def, types
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
     except ImportError as exc:
-        raise RuntimeError("the DALI loader was requested (dali = True) but nvidia.dali is not installed; "
+        raise ValueError("the DALI loader was requested (dali = True) but nvidia.dali is not installed; "
                            "pip install nvidia-dali-cuda120, or set dali = False") from exc
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
-        raise RuntimeError(f"the DALI loader needs a CUDA device; got device={device} "
+        raise ValueError(f"the DALI loader needs a CUDA device; got device={device} "
                            f"(cuda available: {torch.cuda.is_available()})")
     root = Path(rec_dir)
     with IndexedRecordIO(root / "train.idx", root / "train.rec", "r") as rec:

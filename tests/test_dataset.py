@@ -196,7 +196,7 @@ def test_dali_requested_without_dali_is_one_clear_error(tmp_path):
 
     if importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None:
         pytest.skip("nvidia.dali is installed here")
-    with pytest.raises(RuntimeError, match=r"nvidia\.dali is not installed"):
+    with pytest.raises(ValueError, match=r"nvidia\.dali is not installed"):
         get_dali_dataloader(tmp_path, 8, rank=0, world_size=1, seed=0, device="cpu")
 
 

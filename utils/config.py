@@ -312,6 +312,12 @@ def _finite(x: float) -> bool:
     return math.isfinite(x)
 
 
+def _backbone_names() -> list[str]:
+    from backbones import list_models  # late: reading a config does not build networks
+
+    return list_models()
+
+
 def _is_compile_backend(name: str) -> bool:
     import torch
 
@@ -319,10 +325,12 @@ def _is_compile_backend(name: str) -> bool:
 
 
 _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "network": _rule(lambda v: bool(v.strip()), "a backbone name such as r50, r100, mbf, tiny"),
+    "network": _rule(lambda v: v in _backbone_names(), "a backbone name of backbones.list_models(): r18, r34, r50, "
+                     "r100, r200, r2060, mbf, mbf_large, the vit_* names, tiny"),
     "embedding_size": _rule(lambda v: v >= 1, ">= 1"),
-    "margin_list": _rule(lambda v: len(v) == 3 and all(_finite(x) for x in v) and v[0] > 0 and v[1] >= 0
-                         and v[2] >= 0, "3 finite numbers (m1, m2, m3) with m1 > 0, m2 >= 0, m3 >= 0"),
+    "margin_list": _rule(lambda v: len(v) == 3 and all(_finite(x) for x in v) and v[0] >= 1
+                         and 0 <= v[1] < math.pi / 2 and v[2] >= 0,
+                         "3 finite numbers (m1, m2, m3) with m1 >= 1, 0 <= m2 < pi/2, m3 >= 0"),
     "margin_scale": _rule(lambda v: _finite(v) and v > 0, "> 0"),
     "margin_gradient": _rule(lambda v: v in ("straight_through", "exact"), "'straight_through' or 'exact'"),
     "interclass_filtering_threshold": _rule(lambda v: 0 <= v < 1, "in [0, 1) (0 = off)"),
