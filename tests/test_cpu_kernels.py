@@ -766,6 +766,8 @@ def test_every_version_of_the_loops_gives_the_same_bits():
     """The AVX-512, AVX2 and baseline builds of each loop (those this CPU runs) agree bit for bit (NaN where NaN): a
     version that vectorises differently, or that a compiler builds wrong, fails here on any CPU that runs it."""
     versions = _supported_versions()
+    if len(versions) < 2:
+        pytest.skip(f"this CPU runs only the {versions[0]} loops: no other version to compare")
     try:
         results = {}
         for version in versions:

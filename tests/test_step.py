@@ -251,3 +251,28 @@ def test_the_backbone_optimizer_runs_foreach_with_the_single_tensor_bits(name):
             opt.step()
         weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     assert torch.equal(weights[0], weights[1])
+
+
+def _host_reads(rank: int, world_size: int) -> tuple[int, int]:
+    """Over three steps of train.optimizer_step: the reads through ``to_host`` and the ``Tensor.item`` calls."""
+    import train as trainer
+    import utils.precision as precision
+
+    job = _job(rank, world_size)
+    state = TrainState()
+    reads, items = [], []
+    to_host, item = precision.to_host, torch.Tensor.item
+    precision.to_host = lambda t: reads.append(tuple(t.shape)) or to_host(t)
+    torch.Tensor.item = lambda self: items.append(tuple(self.shape)) or item(self)
+    try:
+        for step in range(3):
+            trainer.optimizer_step(job, state, _batch(rank, step))
+            state.step += 1
+    finally:
+        precision.to_host, torch.Tensor.item = to_host, item
+    return len(reads), len(items)
+
+
+def test_reading_the_flags_is_the_steps_one_host_read():
+    # On a GPU every read of a device value waits for the device; the step reads only its three flags.
+    assert run_on_local_ranks(_host_reads, 2) == [(3, 0), (3, 0)]

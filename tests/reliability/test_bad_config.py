@@ -33,7 +33,7 @@ def test_train_cli_rejects_with_one_line(tmp_path, case):
     assert "Traceback" not in out, out[-3000:]
     hits = [line for line in error_lines(out) if re.search(message, line)]
     assert len(hits) == 1, f"{message!r} in {out!r}"
-    assert len(error_lines(proc.stderr)) <= 1, proc.stderr  # nothing else on stderr
+    assert len(error_lines(proc.stderr)) == 1 and re.search(message, proc.stderr), proc.stderr  # that line, on stderr
 
 
 @pytest.mark.slow

@@ -121,12 +121,15 @@ def test_dataset_names_the_defect(tmp_path, defect):
             MXFaceDataset(root, num_classes=NUM_CLASSES)
         return
     ds = MXFaceDataset(root, num_classes=NUM_CLASSES)
+    met = 0
     for i in range(len(ds)):
         if int(ds.keys[i]) == BAD_KEY:
+            met += 1
             with pytest.raises(ValueError, match=message):
                 ds[i]
         else:
             ds[i]
+    assert met == 1  # the damaged record is in the dataset, not dropped at open time
 
 
 @pytest.mark.slow
@@ -137,6 +140,8 @@ def test_trainer_exits_with_the_defect(tmp_path, defect):
     proc = train("configs/debug_cpu", tmp_path / "out", f"rec={root}", *TRAIN, check=False, timeout=100)
     assert proc.returncode not in (0, -11), proc.stderr[-3000:]  # failed, and not by a segfault
     assert re.search(message, proc.stderr + proc.stdout), proc.stderr[-3000:]
+    assert 'train.py", line' not in proc.stderr + proc.stdout, proc.stderr[-3000:]  # no traceback of ours
+    assert len(re.findall(message, proc.stderr + proc.stdout)) == 1, proc.stderr[-3000:]  # said once
 
 
 @pytest.mark.parametrize("defect", sorted(DEFECTS))
