@@ -368,3 +368,31 @@ def test_an_older_checkpoint_does_not_switch_the_optimizer_off_foreach(kind):
     plain = build(foreach=True)[1]
     plain.load_state_dict(saved)
     assert plain.param_groups[0]["foreach"] is None  # what torch alone would have done
+
+
+# ------------------------------------------------------------------------------ explicit resume of a changed config
+
+def _continuation(tmp_path, changes: dict, data: str = "same data") -> str | None:
+    from utils.checkpoint import check_continuation
+    from utils.config import load_config
+
+    saved = load_config("configs/debug_cpu").to_dict()
+    common = {"fingerprint": "a" * 16, "config": saved, "data": "same data"}
+    return check_continuation(tmp_path / "checkpoints" / "step_000000004", common, {**saved, **changes}, "b" * 16,
+                              data, explicit=True)
+
+
+@pytest.mark.parametrize("key, value", [("network", "r18"), ("network_kwargs", {"widths": [4, 4, 4, 4]}),
+                                        ("embedding_size", 64), ("num_classes", 99), ("optimizer", "adamw")])
+def test_an_explicit_resume_refuses_what_the_saved_state_cannot_serve(tmp_path, key, value):
+    from utils.checkpoint import FIXED_KEYS
+
+    with pytest.raises(ValueError, match=rf"{key} .* → .* cannot continue \({FIXED_KEYS[key]}\); .*init_backbone="):
+        _continuation(tmp_path, {key: value})
+
+
+def test_an_explicit_resume_refuses_other_training_data_and_names_schedule_changes(tmp_path):
+    with pytest.raises(ValueError, match=r"training data .* cannot continue \(the data position and the head's"):
+        _continuation(tmp_path, {}, data="other data")
+    warning = _continuation(tmp_path, {"lr": 0.01, "max_steps": 30, "batch_size": 16})
+    assert warning is not None and "lr 0.1 → 0.01" in warning and "max_steps" in warning and "batch_size" in warning
