@@ -116,7 +116,6 @@ def test_int_accepted_for_float(tmp_path):
     ("config.margin_list = (1.0, -0.5, 0.0)\n", r"margin_list .*0 <= m2 < pi/2"),
     ("config.margin_list = (1.0, 2.0, 0.0)\n", r"margin_list = \(1\.0, 2\.0, 0\.0\) .*0 <= m2 < pi/2"),
     ("config.margin_list = (0.5, 0.5, 0.0)\n", r"margin_list .*m1 >= 1"),
-    ("config.network = 'r51'\n", r"network = 'r51' is not allowed; expected a backbone name"),
     ("config.optimizer = 'adam'\n", r"optimizer = 'adam' .*'sgd' or 'adamw'"),
     ("config.fp16 = True\nconfig.bf16 = True\n", r"fp16 = True and bf16 = True"),
     ("config.device = 'gpu'\n", r"device = 'gpu' .*'auto', 'cpu' or 'cuda'"),
