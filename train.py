@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from backbones import check_name, get_model
+from backbones import get_model
 from backbones.memory_format import check_channels_last
 from dataset import DaliLoader, FaceDataLoader, build_dataset, get_dali_dataloader, get_dataloader
 from eval.callback import CallbackVerification
@@ -271,7 +271,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     overrides = list(args.overrides) + (["resume=true"] if args.resume else [])
     try:
         cfg = load_config(args.config, overrides)
-        check_name(cfg.network)  # before the process group and the data, as the config's other mistakes
         device = pick_device(cfg.device)
     except (ValueError, FileNotFoundError) as exc:  # a mistake in the config or --set: one line, no traceback
         # Found before the run has a process group or a folder to log in: every rank of a node meets it (they

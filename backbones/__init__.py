@@ -4,6 +4,6 @@ Importing the variant modules registers them; state_dict keys follow the officia
 Parameter / multiply-add counts: ``backbones.flops.count_flops`` or ``python -m backbones.flops NAME``.
 """
 from . import iresnet, mobilefacenet, vit  # noqa: F401  (registration side effect)
-from .registry import check_name, get_model, list_models, register_model
+from .registry import get_model, list_models, register_model
 
-__all__ = ["check_name", "get_model", "list_models", "register_model"]
+__all__ = ["get_model", "list_models", "register_model"]

@@ -44,14 +44,6 @@ def list_models() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def check_name(name: str) -> None:
-    """``ValueError`` naming the closest registered backbone and every valid name when ``name`` is not one."""
-    if name not in _REGISTRY:
-        close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"unknown backbone {name!r}{hint}; valid names: {', '.join(list_models())}")
-
-
 def get_model(name: str, num_features: int = 512, dropout: float = 0.0, **kwargs: Any) -> nn.Module:
     """Build the backbone ``name`` mapping (N, 3, H, W) normalised images to (N, num_features).
 
@@ -62,7 +54,10 @@ def get_model(name: str, num_features: int = 512, dropout: float = 0.0, **kwargs
     for key, why in _REJECTED_KWARGS.items():
         if key in kwargs:
             raise ValueError(f"get_model({name!r}, {key}={kwargs[key]!r}): {key} is not accepted; {why}")
-    check_name(name)
+    if name not in _REGISTRY:
+        close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"unknown backbone {name!r}{hint}; valid names: {', '.join(list_models())}")
     builder = _REGISTRY[name]
     accepted = [p for p in inspect.signature(builder).parameters if p not in ("num_features", "dropout")]
     unknown = sorted(set(kwargs) - set(accepted))

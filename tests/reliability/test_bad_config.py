@@ -16,7 +16,6 @@ CASES = {
     "sample_rate_above_one": ("sample_rate=1.5", r"sample_rate.*1.5.*\(0, 1\]"),
     "batch_size_zero": ("batch_size=0", r"batch_size.*0.*>= 1"),
     "missing_dataset": ("rec=/nonexistent/faces", r"rec = '/nonexistent/faces': no such folder"),
-    "unknown_network": ("network=r51", r"^train.py: unknown backbone 'r51' \(did you mean 'r50'\?\); valid names: "),
 }
 
 
