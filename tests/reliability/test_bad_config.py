@@ -36,14 +36,19 @@ def test_train_cli_rejects_with_one_line(tmp_path, case):
     assert len(error_lines(proc.stderr)) == 1 and re.search(message, proc.stderr), proc.stderr  # that line, on stderr
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_more_ranks_than_classes_under_torchrun(tmp_path):
-    cmd = [*torchrun_command(2), "train.py", "configs/debug_cpu", "--set", f"output={tmp_path / 'out'}",
-           "num_classes=1"]
+def _failed_torchrun(tmp_path, setting: str) -> str:
+    """stdout + stderr of the debug config on 2 torchrun ranks with ``setting``, which must make it fail."""
+    cmd = [*torchrun_command(2), "train.py", "configs/debug_cpu", "--set", f"output={tmp_path / 'out'}", setting]
     proc = subprocess.run(cmd, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=110)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-3000:]
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_more_ranks_than_classes_under_torchrun(tmp_path):
+    out = _failed_torchrun(tmp_path, "num_classes=1")
     assert re.search(r"num_classes = 1 is smaller than world_size = 2.*at most 1 ranks", out), out[-3000:]
     # torchrun prints its own failure summary; the workers print no traceback of train.py.
     assert 'train.py", line' not in out, out[-3000:]
@@ -53,11 +58,7 @@ def test_more_ranks_than_classes_under_torchrun(tmp_path):
 @pytest.mark.timeout(120)
 def test_a_config_mistake_under_torchrun_is_said_once_and_not_logged(tmp_path):
     """Found before the run has a folder: the node's first rank says it on stderr; no training.log is made."""
-    cmd = [*torchrun_command(2), "train.py", "configs/debug_cpu", "--set", f"output={tmp_path / 'out'}",
-           "sample_rat=0.5"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=110)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0, out[-3000:]
+    out = _failed_torchrun(tmp_path, "sample_rat=0.5")
     hits = [line for line in error_lines(out) if re.search(r"^train.py: .*sample_rat.*'sample_rate'", line)]
     assert len(hits) == 1, out[-3000:]
     assert 'train.py", line' not in out, out[-3000:]
