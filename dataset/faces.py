@@ -16,6 +16,7 @@ from torch.utils.data import Dataset
 
 from dataset.images import IMAGE_EXTENSIONS, Transform, decode, decode_many, stack_flipped
 from dataset.recordio import class_of, open_rec_folder, read_image_record, unpack
+from utils.files import path_problem
 
 logger = logging.getLogger(__name__)
 
@@ -109,8 +110,8 @@ class ImageFolderDataset(_EncodedImages):
     def __init__(self, root: str | os.PathLike, transform: Transform | None = None,
                  image_size: tuple[int, int] = (112, 112)):
         self.root, self.transform, self.image_size = Path(root), transform, tuple(image_size)
-        if not self.root.is_dir():
-            raise FileNotFoundError(f"image folder {self.root} does not exist")
+        if (problem := path_problem(self.root, folder=True)) is not None:
+            raise FileNotFoundError(f"image folder {self.root} {'does not exist' if problem == 'not found' else problem}")
         self.classes = sorted(d.name for d in self.root.iterdir() if d.is_dir())
         self.samples: list[tuple[Path, int]] = [
             (f, label) for label, name in enumerate(self.classes)

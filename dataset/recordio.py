@@ -40,7 +40,7 @@ import numpy as np
 from tqdm import tqdm
 
 from dataset.images import decode
-from utils.files import atomic_write
+from utils.files import atomic_write, path_problem
 
 logger = logging.getLogger(__name__)
 
@@ -150,8 +150,8 @@ class IndexedRecordIO:
         self._pid: int | None = None
         if mode == "r":
             for path, what in ((self.idx_path, "index (.idx)"), (self.rec_path, "record file (.rec)")):
-                if not path.is_file():
-                    raise FileNotFoundError(f"RecordIO {what} not found: {path}")
+                if (problem := path_problem(path)) is not None:
+                    raise FileNotFoundError(f"RecordIO {what} {problem}: {path}")
             self._keys, self._offsets = _parse_idx(self.idx_path)
             self._rec_size = self.rec_path.stat().st_size
             self._build_lookup()
@@ -447,7 +447,7 @@ def open_rec_folder(root: str | os.PathLike, read_last: bool = True) -> RecFolde
 
     Collected in ``problems`` (in this order): index offsets past the end of the ``.rec``; with
     ``read_last``, the record at the largest offset (one read that finds a ``.rec`` cut short); a damaged
-    header record; an unreadable ``property``; ``property`` and the header record disagreeing on the
+    header record; no image record at all; an unreadable ``property``; ``property`` and the header record disagreeing on the
     class count. A missing file raises ``FileNotFoundError``, an index that does not parse
     ``RecordIOError``: nothing can be checked then.
     """
@@ -475,6 +475,9 @@ def open_rec_folder(root: str | os.PathLike, read_last: bool = True) -> RecFolde
     except RecordIOError as exc:
         problems.append(exc)
         layout, keys, header_classes = "im2rec", rec.key_array[rec.key_array != 0], None
+    if len(keys) == 0:
+        problems.append(RecordIOError(f"{rec_path}: no image records ({idx_path} lists {len(rec.key_array)} keys); "
+                                      f"a dataset needs at least one image"))
     try:
         prop = read_property(root / "property")
     except ValueError as exc:

@@ -22,7 +22,7 @@ from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
 from dataset.images import resize
 from utils.cpu_memory import trim_heap
-from utils.files import atomic_write
+from utils.files import atomic_write, path_problem
 
 __all__ = ["BinData", "BadBinError", "RefusedGlobal", "load_bin", "save_bin", "unpickle_bin"]
 
@@ -176,8 +176,8 @@ def load_bin(path: str | os.PathLike, image_size: tuple[int, int] = (112, 112)) 
     anything other than bytes, numpy arrays and bools.
     """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"verification file not found: {path}")
+    if (problem := path_problem(path)) is not None:
+        raise FileNotFoundError(f"verification file {problem}: {path}")
     obj = unpickle_bin(path)
     if not (isinstance(obj, tuple) and len(obj) == 2):
         raise BadBinError(f"{path}: not a verification file: expected a pickled 2-tuple (bins, issame_list), got "

@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from dataset.images import decode, normalise
 from eval.model_source import device_of
+from utils.files import path_problem
 
 # Where the ArcFace alignment puts the eyes, nose tip and mouth corners in a 112×112 crop (x, y), as
 # published with insightface's aligned training sets.
@@ -99,8 +100,8 @@ class IJBMeta:
 
 
 def _read_table(path: Path, columns: int) -> list[list[str]]:
-    if not path.is_file():
-        raise FileNotFoundError(f"IJB protocol file not found: {path}")
+    if (problem := path_problem(path)) is not None:
+        raise FileNotFoundError(f"IJB protocol file {problem}: {path}")
     rows = []
     for lineno, line in enumerate(path.read_text().splitlines(), start=1):
         fields = line.split()
@@ -236,8 +237,8 @@ def evaluate_ijb(data_dir: str | os.PathLike, target: str, backbone: nn.Module, 
     "fpr", "tpr"}``."""
     meta = read_meta(data_dir, target)
     image_dir = Path(data_dir) / "loose_crop"
-    if not image_dir.is_dir():
-        raise FileNotFoundError(f"IJB image folder not found: {image_dir}")
+    if (problem := path_problem(image_dir, folder=True)) is not None:
+        raise FileNotFoundError(f"IJB image folder {problem}: {image_dir}")
     feats = image_features(AlignedFaces(image_dir, meta), backbone, batch_size, num_workers)  # (N, D)
     feats = feats * meta.scores[:, None]  # faceness weighting: poor detections count less
     template_ids, template_feats = template_features(feats, meta.templates, meta.medias)

@@ -54,7 +54,13 @@ class Architecture:
 
     def build(self) -> nn.Module:
         """The backbone, freshly initialised (torch's current random state); ``ValueError`` naming the
-        model.json it came from for a name or argument ``backbones.get_model`` refuses."""
+        model.json it came from for a name or argument ``backbones.get_model`` refuses, or for an
+        ``input_size`` other than the faces these tools feed."""
+        side = self.network_kwargs.get("input_size", INPUT_SIZE[0])
+        if side != INPUT_SIZE[0]:
+            where = f"{self.card}: " if self.card is not None else "--network-kwargs: "
+            raise ValueError(f"{where}input_size {side!r}; these tools feed {INPUT_SIZE[0]}x{INPUT_SIZE[1]} faces "
+                             f"(leave input_size out or set it to {INPUT_SIZE[0]})")
         try:
             return get_model(self.network, num_features=self.embedding_size, **self.network_kwargs)
         except (ValueError, TypeError) as exc:  # TypeError: a keyword argument of the wrong kind or type

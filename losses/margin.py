@@ -136,7 +136,7 @@ class CombinedMarginLoss(nn.Module):
         m1: multiplicative angular margin, >= 1 (1 disables it).
         m2: additive angular margin in [0, π/2) (0 disables it).
         m3: additive cosine margin, >= 0 (0 disables it).
-        interclass_filtering_threshold: 0 disables; in (0, 1] zeroes every non-target cosine above it.
+        interclass_filtering_threshold: 0 disables; in (0, 1) zeroes every non-target cosine above it.
         gradient: ``"straight_through"`` (the reference's: ∂out/∂cos = s on the target) or ``"exact"``
             (the true derivative, saturated near θ = 0 and θ = π); see the module docstring.
 
@@ -154,7 +154,7 @@ class CombinedMarginLoss(nn.Module):
             ("m2", m2, 0.0 <= m2 < math.pi / 2, "a value in [0, pi/2)"),
             ("m3", m3, math.isfinite(m3) and m3 >= 0.0, "a finite value >= 0"),
             ("interclass_filtering_threshold", interclass_filtering_threshold,
-             0.0 <= interclass_filtering_threshold <= 1.0, "0 (off) or a cosine in (0, 1]"),
+             0.0 <= interclass_filtering_threshold < 1.0, "0 (off) or a cosine in (0, 1)"),
         )
         for name, value, ok, allowed in checks:
             if not ok:

@@ -23,13 +23,14 @@ import torch  # noqa: E402
 
 from dataset.images import decode, normalise, resize  # noqa: E402
 from eval.model_source import INPUT_SIZE, add_model_options, build_backbone, check_model_options  # noqa: E402
+from utils.files import path_problem  # noqa: E402
 
 
 def read_face(path: str | Path, image_size: tuple[int, int] = INPUT_SIZE) -> torch.Tensor:
     """The image at ``path`` as a uint8 (1, 3, H, W) RGB tensor, resized to ``image_size`` when it differs."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"image not found: {path}")
+    if (problem := path_problem(path)) is not None:
+        raise FileNotFoundError(f"image {problem}: {path}")
     image = decode(path.read_bytes(), str(path))  # (3, h, w) uint8
     if tuple(image.shape[1:]) != tuple(image_size):
         image = resize(image, image_size)  # (3, H, W)

@@ -26,6 +26,7 @@ from tqdm import tqdm  # noqa: E402
 
 from dataset.images import decode  # noqa: E402
 from dataset.verification_set import save_bin  # noqa: E402
+from utils.files import path_problem  # noqa: E402
 
 
 def read_pairs(pairs_file: Path, root: Path) -> list[tuple[Path, Path, bool]]:
@@ -44,8 +45,8 @@ def read_pairs(pairs_file: Path, root: Path) -> list[tuple[Path, Path, bool]]:
             raise ValueError(f"{pairs_file}:{lineno}: expected 'path1 path2 0|1', got {line.strip()!r}")
         a, b = (p if p.is_absolute() else root / p for p in (Path(fields[0]), Path(fields[1])))
         for p in (a, b):
-            if not p.is_file():
-                raise ValueError(f"{pairs_file}:{lineno}: image not found: {p}")
+            if (problem := path_problem(p)) is not None:
+                raise ValueError(f"{pairs_file}:{lineno}: image {problem}: {p}")
         pairs.append((a, b, fields[2] == "1"))
     if not pairs:
         raise ValueError(f"{pairs_file}: no pairs (every line is blank or a comment)")
@@ -78,8 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, help="folder that relative paths start from (default: the pairs file's)")
     args = parser.parse_args(argv)
     try:
-        if not args.pairs.is_file():
-            raise ValueError(f"pairs file not found: {args.pairs}")
+        if (problem := path_problem(args.pairs)) is not None:
+            raise ValueError(f"pairs file {problem}: {args.pairs}")
         pairs = read_pairs(args.pairs, args.root or args.pairs.parent)
         data, bad = read_and_decode([p for a, b, _ in pairs for p in (a, b)])
         if bad:

@@ -42,6 +42,7 @@ from tqdm import tqdm  # noqa: E402
 
 from dataset.images import IMAGE_EXTENSIONS, decode  # noqa: E402
 from dataset.recordio import write_insightface_rec  # noqa: E402
+from utils.files import path_problem  # noqa: E402
 
 OUTPUT_FILES = ("train.rec", "train.idx", "property")
 
@@ -77,8 +78,8 @@ class Report:
 def list_image_folder(root: Path) -> Source:
     """Every ``root/<identity>/<image>`` with a JPEG/PNG suffix, labelled by the identity's index in the
     sorted folder names (empty folders included here; ``make_rec`` leaves them out)."""
-    if not root.is_dir():
-        raise FileNotFoundError(f"image folder {root} does not exist")
+    if (problem := path_problem(root, folder=True)) is not None:
+        raise FileNotFoundError(f"image folder {root} {'does not exist' if problem == 'not found' else problem}")
     folders = sorted((d for d in root.iterdir() if d.is_dir()), key=lambda d: d.name)
     items = [(f, label) for label, folder in enumerate(folders)
              for f in sorted(folder.iterdir()) if f.suffix.lower() in IMAGE_EXTENSIONS]
@@ -90,8 +91,8 @@ def list_image_folder(root: Path) -> Source:
 
 def read_list_file(path: Path) -> Source:
     """``(path, label)`` from lines ``path<TAB>label``; relative paths are relative to the list file."""
-    if not path.is_file():
-        raise FileNotFoundError(f"list file {path} does not exist")
+    if (problem := path_problem(path)) is not None:
+        raise FileNotFoundError(f"list file {path} {'does not exist' if problem == 'not found' else problem}")
     items = []
     try:
         text = path.read_text()

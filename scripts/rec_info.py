@@ -3,8 +3,8 @@
     python scripts/rec_info.py data/ms1m-retinaface-t1 [--check]
 
 --check reads every record, decodes every image and checks every label against num_classes; it lists
-ALL problems found (bad magic, truncated record, index offset past the end, undecodable image, label
-out of range, wrong image size) and exits 1 when there is any. It also warns about classes below
+ALL problems found (no image record at all, bad magic, truncated record, index offset past the end,
+undecodable image, label out of range, wrong image size) and exits 1 when there is any. It also warns about classes below
 num_classes that have no image (a class no sample can teach); they do not change the exit status.
 
 Exit status: 0 read (and, with --check, no problem); 1 bad data: problems found, or a rec that cannot be
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         shown = ", ".join(map(str, empty[:20])) + (f" ... ({len(empty) - 20} more)" if len(empty) > 20 else "")
         print(f"warning: {len(empty)} of {info['num_classes']} classes have no images: {shown}", file=sys.stderr)
     if info["problems"]:
-        print(f"{len(info['problems'])} problems:", file=sys.stderr)
+        print(f"{len(info['problems'])} problem{'s' if len(info['problems']) > 1 else ''}:", file=sys.stderr)
         for p in info["problems"]:
             print(f"  {p}", file=sys.stderr)
         return 1

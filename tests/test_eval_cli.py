@@ -426,6 +426,24 @@ def test_a_model_json_naming_an_unknown_network_names_the_file(trained, tmp_path
         + ", ".join(list_models())], err
 
 
+def test_an_input_size_other_than_the_faces_fed_is_one_line(trained, tmp_path, capsys):
+    rc, _, err = _run(capsys, *MODEL_ARGS[:4], "--network-kwargs", json.dumps({**TINY, "input_size": 128}),
+                      "--random-init", "0", "--data-dir", trained, "--targets", "synth")
+    assert rc == 2 and err.strip().splitlines() == [
+        "eval.verify: error: --network-kwargs: input_size 128; these tools feed 112x112 faces (leave input_size out "
+        "or set it to 112)"], err
+    (tmp_path / "model.pt").write_bytes((trained / "model.pt").read_bytes())
+    (tmp_path / "model.json").write_text(json.dumps({"format": 1, "network": "tiny", "embedding_size": 16,
+                                                     "network_kwargs": {**TINY, "input_size": 96}}))
+    rc, _, err = _run(capsys, "--weights", tmp_path / "model.pt", "--data-dir", trained, "--targets", "synth")
+    assert rc == 2 and err.strip().splitlines() == [
+        f"eval.verify: error: {tmp_path / 'model.json'}: input_size 96; these tools feed 112x112 faces (leave "
+        f"input_size out or set it to 112)"], err
+    rc, _, err = _run(capsys, *MODEL_ARGS[:4], "--network-kwargs", json.dumps({**TINY, "input_size": 112}),
+                      "--random-init", "0", "--data-dir", trained, "--targets", "synth")
+    assert rc == 0, err  # the size fed, said explicitly
+
+
 def test_a_set_too_small_to_score_is_named(tmp_path, capsys):
     g = torch.Generator().manual_seed(5)
     images = _faces(torch.tensor([0, 0, 1, 0]), g)

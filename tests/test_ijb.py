@@ -145,6 +145,19 @@ def test_bad_protocol_files_are_named(mini_ijb, tmp_path):
         ijb_protocol.read_meta(tmp_path, "IJBC")
 
 
+def test_a_folder_for_a_protocol_file_and_a_file_for_the_image_folder_are_named(mini_ijb, tmp_path):
+    shutil.copytree(mini_ijb / "meta", tmp_path / "meta")
+    (tmp_path / "loose_crop").write_bytes(b"")
+    with pytest.raises(FileNotFoundError) as exc:
+        ijb_protocol.evaluate_ijb(tmp_path, "IJBC", torch.nn.Identity())
+    assert str(exc.value) == f"IJB image folder is a file, not a folder: {tmp_path / 'loose_crop'}"
+    (tmp_path / "meta" / "ijbc_face_tid_mid.txt").unlink()
+    (tmp_path / "meta" / "ijbc_face_tid_mid.txt").mkdir()
+    with pytest.raises(FileNotFoundError) as exc:
+        ijb_protocol.read_meta(tmp_path, "IJBC")
+    assert str(exc.value) == f"IJB protocol file is a folder, not a file: {tmp_path / 'meta' / 'ijbc_face_tid_mid.txt'}"
+
+
 def test_empty_protocol_files_are_named(tmp_path):
     (tmp_path / "meta").mkdir()
     for name in ("ijbc_face_tid_mid.txt", "ijbc_template_pair_label.txt", "ijbc_name_5pts_score.txt"):

@@ -112,6 +112,8 @@ def test_exact_gradient_values_and_saturation():
     (dict(s=64.0, m1=1.0, m2=1.6, m3=0.0), "m2=1.6"),
     (dict(s=64.0, m1=1.0, m2=0.0, m3=-0.2), "m3=-0.2"),
     (dict(s=64.0, m1=1.0, m2=0.0, m3=0.2, interclass_filtering_threshold=-0.5), "interclass_filtering_threshold=-0.5"),
+    (dict(s=64.0, m1=1.0, m2=0.0, m3=0.2, interclass_filtering_threshold=1.0), "interclass_filtering_threshold=1.0 is "
+                                                                                 r"not allowed; expected 0 \(off\) or a cosine in \(0, 1\)"),
     (dict(s=64.0, m1=1.0, m2=0.0, m3=0.2, gradient="approx"), "gradient='approx'"),
 ])
 def test_bad_arguments_raise(kwargs, name):

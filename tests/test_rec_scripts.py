@@ -205,6 +205,21 @@ def test_make_rec_no_skip_bad_lists_every_bad_file_and_writes_nothing(tmp_path, 
     assert _leftovers(tmp_path) == []
 
 
+@pytest.mark.parametrize("header", [False, True], ids=["no-records", "header-only"])
+def test_a_rec_without_images_is_a_problem_not_a_pass(tmp_path, capsys, header):
+    with IndexedRecordIO(tmp_path / "train.idx", tmp_path / "train.rec", "w") as w:
+        if header:  # insightface layout: images at keys [1, 1), no identity ranges
+            w.write_idx(0, pack(IRHeader(2, [1.0, 1.0], 0, 0), b""))
+    message = (f"{tmp_path / 'train.rec'}: no image records ({tmp_path / 'train.idx'} lists {int(header)} keys); "
+               f"a dataset needs at least one image")
+    for argv in ([str(tmp_path), "--check"], [str(tmp_path)]):
+        assert rec_info_main(argv) == 1
+        assert capsys.readouterr().err.splitlines() == ["1 problem:", f"  {message}"]
+    with pytest.raises(ValueError) as exc:
+        MXFaceDataset(tmp_path)  # what the trainer opens: the same one line
+    assert str(exc.value) == message
+
+
 def test_make_rec_list_keeps_labels_and_warns_about_classes_without_images(tmp_path, capsys):
     for i in range(3):
         (tmp_path / f"{i}.jpg").write_bytes(_image(i))

@@ -514,7 +514,8 @@ def check_paths(cfg: Mapping[str, Any]) -> None:
             raise ValueError(f"rec = {rec!r}: holds one of train.rec/train.idx but not {missing}")
     init = cfg["init_backbone"]
     if init is not None and not Path(init).is_file():
-        raise ValueError(f"init_backbone = {init!r}: no such file; expected a backbone state_dict (.pt/.pth)")
+        problem = "is a folder, not a file" if Path(init).is_dir() else "no such file"
+        raise ValueError(f"init_backbone = {init!r}: {problem}; expected a backbone state_dict (.pt/.pth)")
     resume = cfg["resume"]
     if isinstance(resume, str) and not Path(resume).is_dir():
         raise ValueError(f"resume = {resume!r}: no such checkpoint directory; expected "

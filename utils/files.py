@@ -17,7 +17,17 @@ from typing import IO, Any
 import torch
 from torch import nn
 
-__all__ = ["atomic_write", "fsync_dir", "load_state_dict", "load_tensors", "load_weights", "save_atomic"]
+__all__ = ["atomic_write", "fsync_dir", "load_state_dict", "load_tensors", "load_weights", "path_problem",
+           "save_atomic"]
+
+
+def path_problem(path: str | os.PathLike, folder: bool = False) -> str | None:
+    """Why ``path`` cannot be opened as a file (``folder``: as a folder), in words that follow a noun in an
+    error message ("not found", "is a folder, not a file", "is a file, not a folder"); None when it can."""
+    path = Path(path)
+    if folder:
+        return None if path.is_dir() else "is a file, not a folder" if path.exists() else "not found"
+    return None if path.is_file() else "is a folder, not a file" if path.is_dir() else "not found"
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -64,8 +74,8 @@ def load_tensors(path: str | os.PathLike, mmap: bool = False) -> Any:
     from (a pickle that imports or calls), or cannot be read.
     """
     path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"{path}: no such file")
+    if (problem := path_problem(path)) is not None:
+        raise ValueError(f"{path}: {'no such file' if problem == 'not found' else problem}")
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as exc:

@@ -43,6 +43,30 @@ def test_binary_files_where_text_goes_are_named(tmp_path, capsys):
     assert not (tmp_path / "x.bin").exists() and not (tmp_path / "rec").exists()
 
 
+def test_a_folder_where_a_file_goes_and_a_file_where_a_folder_goes_say_so(tmp_path, capsys):
+    folder, a_file = tmp_path / "folder", tmp_path / "a_file.txt"
+    folder.mkdir()
+    a_file.write_text("folder/ folder/ 1\n")  # a pair of "images" that are a folder
+    assert make_bin.main(["--pairs", str(folder), "--out", str(tmp_path / "x.bin")]) == 2
+    assert _one_line(capsys, "make_bin") == f"make_bin: error: pairs file is a folder, not a file: {folder}"
+    assert make_bin.main(["--pairs", str(a_file), "--out", str(tmp_path / "x.bin")]) == 2
+    assert _one_line(capsys, "make_bin").endswith(f"{a_file}:1: image is a folder, not a file: {folder}")
+    assert make_rec.main(["--list", str(folder), "--out", str(tmp_path / "rec")]) == 2
+    assert _one_line(capsys, "make_rec") == f"make_rec: error: list file {folder} is a folder, not a file"
+    assert make_rec.main(["--images", str(a_file), "--out", str(tmp_path / "rec")]) == 2
+    assert _one_line(capsys, "make_rec") == f"make_rec: error: image folder {a_file} is a file, not a folder"
+    from backbones import get_model
+    from scripts import inference
+
+    model = ["--network", "tiny", "--network-kwargs", '{"widths": [4, 8, 8, 16]}', "--embedding-size", "16"]
+    torch.save(get_model("tiny", num_features=16, widths=[4, 8, 8, 16]).state_dict(), tmp_path / "model.pt")
+    assert inference.main([*model, "--weights", str(tmp_path / "model.pt"), "--image", str(folder)]) == 2
+    assert _one_line(capsys, "inference") == f"inference: error: image is a folder, not a file: {folder}"
+    assert inference.main([*model, "--weights", str(folder), "--image", str(a_file)]) == 2
+    assert _one_line(capsys, "inference") == f"inference: error: {folder}: is a folder, not a file"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file.txt", "folder", "model.pt"]  # nothing written
+
+
 @pytest.mark.parametrize("tool, argv, message", [
     (make_synthetic, ["--out", "x", "--seed", "-1"], "--seed must be >= 0, got -1"),
     (shuffle_rec, ["src", "dst", "--seed", "-1"], "--seed must be >= 0, got -1"),
