@@ -11,8 +11,8 @@ import torch
 
 from utils.checkpoint import TrainState
 from utils.distributed import free_port, run_on_local_ranks
-from tests.helpers import (ROOT, copy_checkpoints_until, load_model, logged_losses, max_difference, subprocess_env,
-                           tiny_job, train)
+from tests.helpers import (FIXTURES, ROOT, copy_checkpoints_until, load_model, logged_losses, max_difference,
+                           subprocess_env, tiny_job, train)
 
 CONFIG = "configs/debug_cpu"
 # 16 optimizer steps on 2 ranks (one epoch of 256 images at 8 per rank), checkpoints every 4, all kept.
@@ -191,6 +191,18 @@ def test_a_missing_verification_file_is_skipped_on_every_rank(tmp_path):
     warning = f"verification target missing_set: {data / 'missing_set.bin'} does not exist; skipped"
     assert log.count(warning) == 1, log[-3000:]
     assert "step 4/4" in log and "Traceback" not in proc.stderr
+
+
+def test_num_classes_and_num_image_left_none_come_from_the_rec(tmp_path):
+    """configs/base.py: ``num_classes``/``num_image`` = None are read from the dataset (the insightface
+    header record and index of the MXNet-written fixture: 6 classes, 30 images)."""
+    output = tmp_path / "run"
+    train(CONFIG, output, f"rec={FIXTURES / 'rec_insightface'}", "num_classes=None", "num_image=None",
+          "batch_size=4", "max_steps=2", "frequent=1", "save_every_steps=0")
+    log = (output / "training.log").read_text()
+    assert f"from the dataset {FIXTURES / 'rec_insightface'}: num_classes = 6, num_image = 30" in log, log[-3000:]
+    assert "step 2/2" in log
+    assert load_model(output)  # the run ended with its model
 
 
 # ---------------------------------------------------------------------------------------- CUDA hygiene, on the CPU
