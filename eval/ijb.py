@@ -21,7 +21,7 @@ from typing import Sequence
 from eval.ijb_protocol import evaluate_ijb
 from eval.model_source import add_model_options, build_backbone, check_model_options
 from eval.plots import write_roc_curves
-from utils.logging_setup import one_line
+from utils.logging_setup import print_tool_error
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -57,8 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             write_roc_curves(args.roc, {args.target: (result["fpr"], result["tpr"])}, title=f"{args.target} 1:1",
                              log_fpr=True)
     except (OSError, ValueError) as exc:  # a bad file names itself; a traceback would only hide it
-        # one_line: an image that fails in a loader worker comes back with the worker's traceback in its message
-        print("eval.ijb: error: " + " ".join(one_line(exc).split()), file=sys.stderr)
+        # An image that fails in a loader worker comes back with the worker's traceback in its message:
+        # print_tool_error prints the original error's line.
+        print_tool_error("eval.ijb", exc)
         return 2
     return 0
 

@@ -32,6 +32,7 @@ from dataset.verification_set import BadBinError, RefusedGlobal, load_bin
 from eval.model_source import add_model_options, build_backbone, check_model_options
 from eval.plots import write_roc_curves
 from eval.verification import format_table, test
+from utils.logging_setup import print_tool_error
 
 # Keys of test()'s result written to --json (the ROC arrays go to --roc instead).
 JSON_KEYS = ("pairs", "acc", "acc_std", "acc_noflip", "val", "val_std", "far", "xnorm", "threshold")
@@ -101,12 +102,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         run(args)
     except (BadBinError, RefusedGlobal) as exc:
         # Bad data: say which file and what is wrong in one line; a traceback would only hide it.
-        print("eval.verify: error: " + " ".join(str(exc).split()), file=sys.stderr)
+        print_tool_error("eval.verify", exc)
         return 1
     except (OSError, ValueError) as exc:
         # The command or its configuration was wrong (a missing file, weights for another network, an output
         # path that cannot be written).
-        print("eval.verify: error: " + " ".join(str(exc).split()), file=sys.stderr)
+        print_tool_error("eval.verify", exc)
         return 2
     return 0
 

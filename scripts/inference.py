@@ -24,6 +24,7 @@ import torch  # noqa: E402
 from dataset.images import decode, normalise, resize  # noqa: E402
 from eval.model_source import INPUT_SIZE, add_model_options, build_backbone, check_model_options  # noqa: E402
 from utils.files import path_problem  # noqa: E402
+from utils.logging_setup import print_tool_error  # noqa: E402
 
 
 def read_face(path: str | Path, image_size: tuple[int, int] = INPUT_SIZE) -> torch.Tensor:
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             np.save(args.output, embedding)
             print(f"saved {args.output}")
     except (ValueError, OSError) as exc:  # OSError: an --output that cannot be written
-        print("inference: error: " + " ".join(str(exc).split()), file=sys.stderr)
+        print_tool_error("inference", exc)
         return 2
     return 0
 

@@ -19,6 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dataset.recordio import check_records, open_rec_folder  # noqa: E402
+from utils.logging_setup import print_tool_error  # noqa: E402
 
 
 def rec_info(root: Path, check: bool = False, image_size: tuple[int, int] | None = None) -> dict:
@@ -48,10 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         info = rec_info(args.root, args.check)
     except FileNotFoundError as exc:
-        print(f"rec_info: error: {exc}", file=sys.stderr)
+        print_tool_error("rec_info", exc)
         return 2
     except ValueError as exc:  # the files are there but the index is not one (RecordIOError)
-        print(f"rec_info: error: {exc}", file=sys.stderr)
+        print_tool_error("rec_info", exc)
         return 1
     print(f"{args.root}: {info['layout']} layout, {info['images']} images, "
           f"num_classes={info['num_classes'] if info['num_classes'] is not None else 'unknown (no property)'}"

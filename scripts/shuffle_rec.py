@@ -19,6 +19,7 @@ import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from dataset.recordio import IndexedRecordIO, RecordIOError, detect_layout  # noqa: E402
+from utils.logging_setup import print_tool_error  # noqa: E402
 
 
 def shuffle_rec(src: Path, dst: Path, seed: int = 0) -> int:
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         n = shuffle_rec(args.src, args.dst, args.seed)
     except (OSError, RecordIOError, ValueError, KeyError) as exc:  # OSError: a dst that cannot be a folder
-        print(f"shuffle_rec: error: {exc}", file=sys.stderr)
+        print_tool_error("shuffle_rec", exc)
         return 2
     print(f"wrote {n} shuffled images to {args.dst}")
     return 0

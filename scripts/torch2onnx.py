@@ -24,6 +24,7 @@ import torch  # noqa: E402
 
 from eval.model_source import add_model_options, build_backbone, check_model_options  # noqa: E402
 from utils.files import atomic_write  # noqa: E402
+from utils.logging_setup import print_tool_error  # noqa: E402
 
 
 def export(model: torch.nn.Module, output: Path, image_size: int = 112, opset: int = 17) -> None:
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         export(model, args.output, opset=args.opset)
         diff = max_difference(model, args.output, batch=args.batch)
     except (ValueError, OSError) as exc:  # OSError: an --output that cannot be written
-        print("torch2onnx: error: " + " ".join(str(exc).split()), file=sys.stderr)
+        print_tool_error("torch2onnx", exc)
         return 2
     print(f"wrote {args.output} (opset {args.opset}, dynamic batch); max |torch - onnxruntime| = {diff:.2e} "
           f"on a batch of {args.batch}")

@@ -54,12 +54,18 @@ def setup_logging(rank: int, output: str | Path | None) -> logging.Logger:
 
 
 def one_line(exc: BaseException) -> str:
-    """An error as the one line a user reads: its message, or, for an error re-raised from a DataLoader worker
-    (whose message holds the worker's traceback), the original error's last line."""
+    """An error as the one line a user reads: its message with every run of white space (line breaks
+    included) made one space, or, for an error re-raised from a DataLoader worker (whose message holds the
+    worker's traceback), the original error's last line."""
     lines = [line for line in str(exc).splitlines() if line.strip()]
     if len(lines) > 1 and lines[0].startswith("Caught "):
-        return lines[-1].strip()
-    return lines[0] if lines else type(exc).__name__
+        return " ".join(lines[-1].split())
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def print_tool_error(tool: str, exc: BaseException) -> None:
+    """How every command-line tool reports what stopped it: ``<tool>: error: <one_line(exc)>`` on stderr."""
+    print(f"{tool}: error: {one_line(exc)}", file=sys.stderr)
 
 
 class ProgressLog:
