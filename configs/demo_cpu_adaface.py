@@ -1,7 +1,7 @@
 """The demo with the AdaFace margin: `python scripts/demo.py --config configs/demo_cpu_adaface.py`.
 
 Everything as configs/demo_cpu.py (tiny backbone, the same synthetic identities and verification pairs,
-2 CPU ranks, Partial FC sampling half the class centres, AdamW, 800 steps in bf16) except the margin: AdaFace with
+2 CPU ranks, Partial FC sampling half the class centres, AdamW, 1,000 steps in bf16) except the margin: AdaFace with
 m = 0.2, the demo's CosFace margin (at average image quality, q = 0, AdaFace's target logit is exactly
 CosFace's s * (cos(theta) - m); sharper images get more, blurrier ones less), the paper's h and t_alpha (the
 defaults of configs/base.py) and its exact gradient.
@@ -10,7 +10,7 @@ from easydict import EasyDict as edict
 
 config = edict()
 config.network = "tiny"
-config.network_kwargs = {"widths": (2, 16, 64, 128)}
+config.network_kwargs = {"widths": (2, 8, 16, 32)}
 config.embedding_size = 256
 config.margin = "adaface"
 config.adaface_m = 0.2
@@ -26,7 +26,7 @@ config.rec = "data/demo_synthetic"
 config.num_classes = 500
 config.num_image = 8000
 config.num_epoch = 1
-config.max_steps = 800
+config.max_steps = 1000
 config.val_targets = ["syn_easy", "syn_hard"]
 config.num_workers = 1
 config.device = "cpu"
