@@ -448,14 +448,17 @@ def open_rec_folder(root: str | os.PathLike, read_last: bool = True) -> RecFolde
     Collected in ``problems`` (in this order): index offsets past the end of the ``.rec``; with
     ``read_last``, the record at the largest offset (one read that finds a ``.rec`` cut short); a damaged
     header record; no image record at all; an unreadable ``property``; ``property`` and the header record disagreeing on the
-    class count. A missing file raises ``FileNotFoundError``, an index that does not parse
+    class count. A missing file (or a folder in its place) raises ``FileNotFoundError``, an index that does not parse
     ``RecordIOError``: nothing can be checked then.
     """
     root = Path(root)
     rec_path, idx_path = root / "train.rec", root / "train.idx"
-    missing = [p.name for p in (rec_path, idx_path) if not p.is_file()]
-    if missing:
-        raise FileNotFoundError(f"{root}: missing {' and '.join(missing)}; an MXNet RecordIO dataset folder "
+    problems_of = {p.name: path_problem(p) for p in (rec_path, idx_path)}
+    missing = [name for name, why in problems_of.items() if why == "not found"]
+    wrong = [f"{name} {why}" for name, why in problems_of.items() if why is not None and why != "not found"]
+    if missing or wrong:
+        what = ([f"missing {' and '.join(missing)}"] if missing else []) + wrong
+        raise FileNotFoundError(f"{root}: {'; '.join(what)}; an MXNet RecordIO dataset folder "
                                 f"holds train.rec, train.idx and (insightface layout) property")
     rec = IndexedRecordIO(idx_path, rec_path, "r")
     problems: list[ValueError] = []

@@ -97,6 +97,9 @@ def test_build_dataset_paths(tmp_path):
     (tmp_path / "half" / "train.rec").write_bytes(b"")
     with pytest.raises(FileNotFoundError, match=r"half: missing train.idx"):
         build_dataset(str(tmp_path / "half"))
+    (tmp_path / "half" / "train.idx").mkdir()  # a folder where the index should be: said so, not "missing"
+    with pytest.raises(FileNotFoundError, match=r"half: train.idx is a folder, not a file; an MXNet RecordIO"):
+        build_dataset(str(tmp_path / "half"))
     assert isinstance(build_dataset(str(FIXTURES / "rec_insightface")), MXFaceDataset)
     syn = build_dataset("synthetic", num_classes=3, image_size=(8, 8), seed=1)
     assert isinstance(syn, SyntheticDataset) and len(syn) == 30

@@ -308,3 +308,17 @@ def test_rec_info_exit_status_separates_bad_data_from_usage(tmp_path, capsys):
         f"integers"]
     assert rec_info_main([str(tmp_path / "missing")]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_rec_info_names_a_folder_where_the_index_or_the_rec_should_be(tmp_path, capsys):
+    (tmp_path / "train.rec").mkdir()
+    (tmp_path / "train.idx").mkdir()
+    assert rec_info_main([str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"rec_info: error: {tmp_path}: train.rec is a folder, not a file; train.idx is a folder, not a file; an "
+        f"MXNet RecordIO dataset folder holds train.rec, train.idx and (insightface layout) property"]
+    (tmp_path / "train.rec").rmdir()
+    assert rec_info_main([str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"rec_info: error: {tmp_path}: missing train.rec; train.idx is a folder, not a file; an MXNet RecordIO "
+        f"dataset folder holds train.rec, train.idx and (insightface layout) property"]
