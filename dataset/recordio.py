@@ -40,7 +40,7 @@ import numpy as np
 from tqdm import tqdm
 
 from dataset.images import decode
-from utils.files import atomic_write, path_problem
+from utils.files import atomic_write, path_problem, unopenable_files
 
 logger = logging.getLogger(__name__)
 
@@ -453,11 +453,10 @@ def open_rec_folder(root: str | os.PathLike, read_last: bool = True) -> RecFolde
     """
     root = Path(root)
     rec_path, idx_path = root / "train.rec", root / "train.idx"
-    problems_of = {p.name: path_problem(p) for p in (rec_path, idx_path)}
-    missing = [name for name, why in problems_of.items() if why == "not found"]
-    wrong = [f"{name} {why}" for name, why in problems_of.items() if why is not None and why != "not found"]
-    if missing or wrong:
-        what = ([f"missing {' and '.join(missing)}"] if missing else []) + wrong
+    missing, unusable = unopenable_files((rec_path, idx_path))
+    if missing or unusable:
+        what = ([f"missing {' and '.join(p.name for p in missing)}"] if missing else []) + [
+            f"{p.name} {why}" for p, why in unusable]
         raise FileNotFoundError(f"{root}: {'; '.join(what)}; an MXNet RecordIO dataset folder "
                                 f"holds train.rec, train.idx and (insightface layout) property")
     rec = IndexedRecordIO(idx_path, rec_path, "r")

@@ -32,7 +32,7 @@ from dataset.verification_set import BadBinError, RefusedGlobal, load_bin
 from eval.model_source import add_model_options, build_backbone, check_model_options
 from eval.plots import write_roc_curves
 from eval.verification import format_table, test
-from utils.files import path_problem
+from utils.files import unopenable_files
 from utils.logging_setup import print_tool_error
 
 # Keys of test()'s result written to --json (the ROC arrays go to --roc instead).
@@ -74,12 +74,11 @@ def target_paths(p: argparse.ArgumentParser, data_dir: Path, targets: str) -> di
 def run(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """Evaluate every target; print the table; write --json / --roc. Returns test()'s results."""
     paths: dict[str, Path] = args.targets
-    problems = {str(p): path_problem(p) for p in paths.values()}
-    missing = [p for p, why in problems.items() if why == "not found"]
-    wrong = [f"verification file {why}: {p}" for p, why in problems.items() if why not in (None, "not found")]
-    if missing or wrong:
-        raise FileNotFoundError("; ".join(([f"verification file(s) not found: {', '.join(missing)}"] if missing
-                                           else []) + wrong))
+    missing, unusable = unopenable_files(paths.values())
+    if missing or unusable:
+        raise FileNotFoundError("; ".join(
+            ([f"verification file(s) not found: {', '.join(map(str, missing))}"] if missing else [])
+            + [f"verification file {why}: {p}" for p, why in unusable]))
     backbone = build_backbone(args)
     results: dict[str, dict[str, Any]] = {}
     for target, path in paths.items():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
 
@@ -18,7 +18,9 @@ import torch
 from torch import nn
 
 __all__ = ["atomic_write", "fsync_dir", "load_state_dict", "load_tensors", "load_weights", "path_problem",
-           "save_atomic"]
+           "save_atomic", "unopenable_files"]
+
+NOT_FOUND = "not found"  # path_problem's word for a path with nothing there
 
 
 def path_problem(path: str | os.PathLike, folder: bool = False) -> str | None:
@@ -26,8 +28,16 @@ def path_problem(path: str | os.PathLike, folder: bool = False) -> str | None:
     error message ("not found", "is a folder, not a file", "is a file, not a folder"); None when it can."""
     path = Path(path)
     if folder:
-        return None if path.is_dir() else "is a file, not a folder" if path.exists() else "not found"
-    return None if path.is_file() else "is a folder, not a file" if path.is_dir() else "not found"
+        return None if path.is_dir() else "is a file, not a folder" if path.exists() else NOT_FOUND
+    return None if path.is_file() else "is a folder, not a file" if path.is_dir() else NOT_FOUND
+
+
+def unopenable_files(paths: Iterable[Path]) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """Of ``paths`` that should be files: those not found, and the others that cannot be opened as files, each
+    with its ``path_problem`` ("is a folder, not a file"), both in the order given; two empty lists when all can."""
+    problems = [(path, path_problem(path)) for path in paths]
+    return ([path for path, why in problems if why == NOT_FOUND],
+            [(path, why) for path, why in problems if why not in (None, NOT_FOUND)])
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
