@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(120)
 NUM_CLASSES, D = 12, 8
 
 
-def _job(rank: int, world_size: int, *, fp16_scaler: bool = False, bf16: bool = False):
+def _job(rank: int, world_size: int, *, fp16_scaler: bool = False, bf16: bool = False, overrides: tuple = ()):
     """A trainer Job around a tiny backbone with batch norm and a sampled head (SGD with momentum)."""
     from losses import CosFace
     from partial_fc import PartialFC
@@ -30,7 +30,8 @@ def _job(rank: int, world_size: int, *, fp16_scaler: bool = False, bf16: bool = 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 4 * 4, 16), nn.BatchNorm1d(16), nn.PReLU(16), nn.Linear(16, D))
     head = PartialFC(CosFace(s=8.0, m=0.2), D, NUM_CLASSES, 0.5, seed=1)
-    return tiny_job(rank, world_size, ["num_classes=12", "sample_rate=0.5", "max_steps=10", "max_nonfinite_steps=5"],
+    return tiny_job(rank, world_size, ["num_classes=12", "sample_rate=0.5", "max_steps=10", "max_nonfinite_steps=5",
+                                             *overrides],
                     model, head, fp16_scaler=fp16_scaler, init_scale=1024.0,
                     autocast_dtype=torch.bfloat16 if bf16 else None)
 
@@ -276,3 +277,85 @@ def _host_reads(rank: int, world_size: int) -> tuple[int, int]:
 def test_reading_the_flags_is_the_steps_one_host_read():
     # On a GPU every read of a device value waits for the device; the step reads only its three flags.
     assert run_on_local_ranks(_host_reads, 2) == [(3, 0), (3, 0)]
+
+
+class _Batches:
+    """A stand-in for the trainer's loader: ``_batch`` micro-batches, one per ``next``."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def set_epoch(self, epoch: int, start_step: int = 0) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        return (_batch(self.rank, 1000 * self.epoch + i)[0] for i in range(1000))
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def _loop_reads(rank: int, world_size: int, output: str) -> dict:
+    """train.train over 7 steps with frequent = 3: the flag reads (``to_host``), the reads of tensor values
+    (``float``/``item``) outside ``optimizer_step`` (the loop's own), the step losses and the progress lines."""
+    from pathlib import Path
+
+    import train as trainer
+    import utils.precision as precision
+
+    job = _job(rank, world_size, overrides=("frequent=3", "max_steps=7"))
+    job.loader, job.output = _Batches(rank), Path(output)
+    handler = _Lines()
+    job.logger = logging.getLogger(f"test.loop.{rank}")
+    job.logger.setLevel(logging.INFO)
+    job.logger.addHandler(handler)
+    losses: list[torch.Tensor] = []
+    in_step, flag_reads, loop_reads = [False], [], []
+    step_fn, to_host = trainer.optimizer_step, precision.to_host
+    float_, item = torch.Tensor.__float__, torch.Tensor.item
+
+    def recording_step(*args):
+        in_step[0] = True
+        try:
+            loss = step_fn(*args)
+        finally:
+            in_step[0] = False
+        losses.append(loss.detach().clone())  # compared after the loop, without a read here
+        return loss
+
+    def counted(read):
+        def counting_read(self):
+            if not in_step[0]:
+                loop_reads.append(tuple(self.shape))
+            return read(self)
+        return counting_read
+
+    trainer.optimizer_step = recording_step
+    precision.to_host = lambda t: flag_reads.append(tuple(t.shape)) or to_host(t)
+    torch.Tensor.__float__, torch.Tensor.item = counted(float_), counted(item)
+    try:
+        trainer.train(job, TrainState())
+    finally:
+        trainer.optimizer_step, precision.to_host = step_fn, to_host
+        torch.Tensor.__float__, torch.Tensor.item = float_, item
+    return {"flag_reads": len(flag_reads), "loop_reads": loop_reads, "losses": [float(x) for x in losses],
+            "lines": [line for line in handler.lines if line.startswith("step ")]}
+
+
+def test_the_logged_loss_is_read_once_per_progress_line(tmp_path):
+    # README ("One decision per step"): the flags are the step's one host read; the loss is summed on the device
+    # and read every `frequent` steps (and at the last step), as the running mean of the steps since the last line.
+    for rank, got in enumerate(run_on_local_ranks(_loop_reads, 2, str(tmp_path))):
+        assert got["flag_reads"] == 7, got
+        assert got["loop_reads"] == [(), (), ()], got  # the loss sums of steps 1-3, 4-6 and 7
+        assert [line.split(" epoch")[0] for line in got["lines"]] == ["step 3/7", "step 6/7", "step 7/7"], got
+        losses = got["losses"]
+        for line, chunk in zip(got["lines"], (losses[0:3], losses[3:6], losses[6:7])):
+            logged = float(line.split("| loss ")[1].split(" ")[0])
+            assert logged == pytest.approx(sum(chunk) / len(chunk), abs=5e-5), (line, chunk)
