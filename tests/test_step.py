@@ -3,7 +3,8 @@
 A non-finite value anywhere (the loss, one backbone gradient, the head's gradient on one rank) makes both
 optimizers skip on every rank: weights, optimizer state and batch-norm statistics stay bit-identical, the
 fp16 loss scale backs off once, and the skip counts towards max_nonfinite_steps. The same holds for bf16
-(no scaler) and fp32. A finite step moves both.
+(no scaler) and fp32. A finite step moves both. The step's one host read is its flags; the loop
+(train.train) reads the logged loss once per progress line.
 """
 from __future__ import annotations
 
