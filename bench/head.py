@@ -9,13 +9,20 @@ Spawns ``--world-size`` ranks (gloo on CPU, NCCL on CUDA). Each rank builds the 
 optimizer update, ``zero_grad(set_to_none=True)``. In the same run it times the FLOOR, the step's three
 matrix products on the sampled rows with the same shapes, dtype and threads, into preallocated outputs:
 ``logits = E_global @ W_sᵀ``, ``∂E = G @ W_s``, ``∂W = Gᵀ @ E_global``. Steps and floors alternate
-(one of each per repeat) so that load from other processes hits both alike; ``ratio = step_s / floor_s``
-(medians), and ``pair_ratios`` lists each repeat's own ratio.
+(one of each per repeat) so that load from other processes hits both alike, and every rank starts each timed
+call together (an untimed barrier before it).
+
+The ranks run the step in lockstep (its collectives wait for the slowest), so a step cannot end before the
+slowest rank's products: each repeat's floor is the LONGEST of the ranks' floors in that repeat and its step the
+longest of their steps; ``ratio = step_s / floor_s`` (medians over the repeats), and ``pair_ratios`` lists each
+repeat's own ratio. On a shared host the ranks' cores run at different speeds from moment to moment: one rank's
+own floor would count the other core's slowness as the head's. ``rank0_ratio`` is rank 0's step over its own
+floor (medians), the figure reported before, for comparison.
 
 Peak memory per rank (``measure_peak``) is the growth of the resident set (CPU) or of CUDA's allocated
 bytes (GPU) from just before the head is built to its high-water mark over construction and the
-warm-up steps (at least two); it is reported against the fp32 shard ``num_local · D · 4`` bytes. Figures are rank 0's
-medians over ``--repeats`` steps after ``--warmup`` untimed ones, with (min, max).
+warm-up steps (at least two); it is reported against the fp32 shard ``num_local · D · 4`` bytes, rank 0's. Times
+are medians over ``--repeats`` steps after ``--warmup`` untimed ones, with (min, max).
 """
 from __future__ import annotations
 
@@ -112,8 +119,9 @@ def measure_peak(device: torch.device) -> Iterator[PeakMemory]:
 def head_rank(rank: int, world_size: int, cfg: HeadConfig) -> dict[str, Any]:
     """Time the head step (and its floor) on this rank of an initialised process group; returns figures.
 
-    Keys: ``step`` and ``floor`` (Timing dicts, seconds), ``peak_mem_bytes``, ``shard_bytes``,
-    ``num_local``, ``num_sampled`` (rows in the step's matrix products), ``batch_global``.
+    Keys: ``step`` and ``floor`` (Timing dicts, seconds), ``step_samples`` and ``floor_samples`` (each repeat's
+    seconds), ``peak_mem_bytes``, ``shard_bytes``, ``num_local``, ``num_sampled`` (rows in the step's matrix
+    products), ``batch_global``.
     """
     from losses import ArcFace
     from partial_fc import PartialFC, build_head_optimizer, class_partition, sample_size
@@ -176,16 +184,21 @@ def head_rank(rank: int, world_size: int, cfg: HeadConfig) -> dict[str, Any]:
         peak = meter.peak()
     if cfg.floor:
         floor()  # its warm-up: the first call writes its outputs' fresh pages (seconds at R = 1), as a step's first did
-    # Step and floor alternate, so load from other processes on a shared machine hits both alike.
+    # Step and floor alternate, so load from other processes on a shared machine hits both alike. Every rank
+    # starts each timed call together (the barrier is not timed): without it a rank's step would also time its
+    # wait, in the step's first collective, for another rank still in its floor.
     steps, floors = [], []
     for _ in range(cfg.repeats):
+        dist.barrier()
         steps.append(time_call(step, repeats=1, warmup=0, sync=sync).median)
+        dist.barrier()
         floors.append(time_call(floor, repeats=1, warmup=0, sync=sync).median if cfg.floor else 0.0)
     assert head.num_local == num_local, (head.num_local, num_local)
-    out: dict[str, Any] = {"step": _timing(steps), "peak_mem_bytes": peak, "shard_bytes": num_local * D * 4,
-                           "num_local": num_local, "num_sampled": num_sampled, "batch_global": n}
+    out: dict[str, Any] = {"step": _timing(steps), "step_samples": steps, "peak_mem_bytes": peak,
+                           "shard_bytes": num_local * D * 4, "num_local": num_local, "num_sampled": num_sampled,
+                           "batch_global": n}
     if cfg.floor:
-        out["floor"] = _timing(floors)
+        out["floor"], out["floor_samples"] = _timing(floors), floors
         out["pair_ratios"] = [a / b for a, b in zip(steps, floors)]
     return out
 
@@ -202,16 +215,25 @@ def run(cfg: HeadConfig, world_size: int, timeout: float = 3600.0) -> list[dict[
                               timeout=timeout)
 
 
+def slowest_rank(ranks: list[dict[str, Any]], key: str) -> list[float]:
+    """Each repeat's longest time over the ranks: ``key`` is ``"step_samples"`` or ``"floor_samples"``."""
+    return [max(times) for times in zip(*(r[key] for r in ranks))]
+
+
 def summarise(cfg: HeadConfig, world_size: int, ranks: list[dict[str, Any]]) -> dict[str, Any]:
-    """The JSON payload: rank 0's medians at the top level, spreads and every rank's figures below."""
+    """The JSON payload: the job's medians at the top level (each repeat's slowest rank, see the module
+    docstring), rank 0's memory and its own ratio, every rank's figures below."""
     r0 = ranks[0]
-    step_s, floor_s = r0["step"]["median_s"], r0["floor"]["median_s"]
+    steps, floors = slowest_rank(ranks, "step_samples"), slowest_rank(ranks, "floor_samples")
+    step, floor = _timing(steps), _timing(floors)
     return {
         "config": {**asdict(cfg), "world_size": world_size},
-        "step_s": step_s, "floor_s": floor_s, "ratio": step_s / floor_s,
+        "step_s": step["median_s"], "floor_s": floor["median_s"], "ratio": step["median_s"] / floor["median_s"],
+        "pair_ratios": [a / b for a, b in zip(steps, floors)],
+        "rank0_ratio": r0["step"]["median_s"] / r0["floor"]["median_s"],
         "peak_mem_bytes": r0["peak_mem_bytes"], "shard_bytes": r0["shard_bytes"],
         "peak_over_shard": r0["peak_mem_bytes"] / r0["shard_bytes"],
-        "step": r0["step"], "floor": r0["floor"], "num_local": r0["num_local"], "num_sampled": r0["num_sampled"],
+        "step": step, "floor": floor, "num_local": r0["num_local"], "num_sampled": r0["num_sampled"],
         "ranks": ranks,
     }
 
@@ -239,16 +261,17 @@ def main(argv: list[str] | None = None) -> int:
                      embedding_size=args.embedding_size, optimizer=args.optimizer, update=args.update, device=args.device,
                      threads=args.threads, repeats=args.repeats, warmup=args.warmup)
     result = summarise(cfg, args.world_size, run(cfg, args.world_size))
-    s, f, pairs = result["step"], result["floor"], result["ranks"][0]["pair_ratios"]
+    s, f, pairs = result["step"], result["floor"], result["pair_ratios"]
     mib = 1 << 20
     print(markdown_table(
         ["classes", "R", "ranks x threads", "B/rank", "D", "opt/update", "step s (min-max)", "floor s (min-max)",
-         "step/floor (pairs min-max)", "peak MiB/rank", "shard MiB", "peak/shard"],
+         "step/floor (pairs min-max)", "rank 0 / own floor", "peak MiB/rank", "shard MiB", "peak/shard"],
         [[args.num_classes, args.sample_rate, f"{args.world_size} x {args.threads}", args.batch_size,
           args.embedding_size, f"{args.optimizer}/{args.update}",
           f"{s['median_s']:.4f} ({s['min_s']:.4f}-{s['max_s']:.4f})",
           f"{f['median_s']:.4f} ({f['min_s']:.4f}-{f['max_s']:.4f})",
-          f"{result['ratio']:.2f} ({min(pairs):.2f}-{max(pairs):.2f})", f"{result['peak_mem_bytes'] / mib:.0f}",
+          f"{result['ratio']:.2f} ({min(pairs):.2f}-{max(pairs):.2f})", f"{result['rank0_ratio']:.2f}",
+          f"{result['peak_mem_bytes'] / mib:.0f}",
           f"{result['shard_bytes'] / mib:.0f}",
           f"{result['peak_over_shard']:.2f}"]]))
     write_json(args.json, result)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.head import HeadConfig, head_rank
+from bench.head import HeadConfig, head_rank, summarise
 from bench.plan import predict
 from utils.distributed import run_on_local_ranks
 
@@ -67,7 +67,26 @@ def test_head_bench_end_to_end(tmp_path):
         assert key in result, sorted(result)
     assert result["ratio"] > 0 and result["shard_bytes"] == 1000 * 16 * 4
     assert result["step"]["min_s"] <= result["step_s"] <= result["step"]["max_s"]
-    assert len(result["ranks"]) == 2
+    assert len(result["ranks"]) == 2 and len(result["pair_ratios"]) == 2 and result["rank0_ratio"] > 0
+    for rank in result["ranks"]:
+        assert len(rank["step_samples"]) == len(rank["floor_samples"]) == 2
+        assert max(rank["floor_samples"]) <= result["floor"]["max_s"]  # the job floor: each repeat's slowest rank
+
+
+def test_head_ratio_takes_each_repeats_slowest_rank():
+    # Lockstep ranks: a repeat's step ends with its slowest rank, so its floor is the slowest rank's products.
+    def rank(steps, floors):
+        return {"step": {"median_s": sorted(steps)[1]}, "floor": {"median_s": sorted(floors)[1]},
+                "step_samples": steps, "floor_samples": floors, "peak_mem_bytes": 30, "shard_bytes": 10,
+                "num_local": 5, "num_sampled": 2}
+
+    ranks = [rank([1.2, 1.4, 1.3], [1.0, 0.8, 1.0]), rank([1.25, 1.35, 1.3], [1.0, 1.2, 0.9])]
+    result = summarise(HeadConfig(10, 0.5, 4), 2, ranks)
+    assert result["floor"]["median_s"] == 1.0 and result["floor"]["max_s"] == 1.2  # max per repeat: 1.0, 1.2, 1.0
+    assert result["step"]["median_s"] == 1.3 and result["step"]["max_s"] == 1.4  # 1.25, 1.4, 1.3
+    assert result["ratio"] == pytest.approx(1.3)
+    assert result["pair_ratios"] == pytest.approx([1.25, 1.4 / 1.2, 1.3])
+    assert result["rank0_ratio"] == pytest.approx(1.3 / 1.0) and result["peak_over_shard"] == 3.0
 
 
 @pytest.mark.timeout(90)
