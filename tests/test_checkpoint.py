@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -383,12 +384,30 @@ def _continuation(tmp_path, changes: dict, data: str = "same data") -> str | Non
 
 
 @pytest.mark.parametrize("key, value", [("network", "r18"), ("network_kwargs", {"widths": [4, 4, 4, 4]}),
-                                        ("embedding_size", 64), ("num_classes", 99), ("optimizer", "adamw")])
+                                        ("embedding_size", 64), ("num_classes", 99), ("optimizer", "adamw"),
+                                        ("sub_centers", 2), ("margin", "adaface")])
 def test_an_explicit_resume_refuses_what_the_saved_state_cannot_serve(tmp_path, key, value):
     from utils.checkpoint import FIXED_KEYS
 
-    with pytest.raises(ValueError, match=rf"{key} .* → .* cannot continue \({FIXED_KEYS[key]}\); .*init_backbone="):
+    reason = re.escape(FIXED_KEYS[key])
+    with pytest.raises(ValueError, match=rf"{key} .* → .* cannot continue \({reason}\); .*init_backbone="):
         _continuation(tmp_path, {key: value})
+
+
+def test_keys_added_since_a_checkpoint_was_written_count_at_their_old_value(tmp_path):
+    # A config saved before margin, sub_centers, lr_power... existed trained with their legacy values: resuming
+    # it with those values changes no key (no refusal); another value is a change like any other.
+    from utils.checkpoint import check_continuation
+    from utils.config import FINGERPRINT_LEGACY, load_config
+
+    current = {**load_config("configs/debug_cpu").to_dict(), "lr_power": 2.0}
+    old = {k: v for k, v in current.items() if k not in FINGERPRINT_LEGACY}
+    common = {"fingerprint": "a" * 16, "config": old, "data": "same data"}
+    ckpt = tmp_path / "checkpoints" / "step_000000004"
+    warning = check_continuation(ckpt, common, current, "b" * 16, "same data", explicit=True)
+    assert warning.endswith("with a changed config: an older release's fingerprint"), warning  # no key named
+    with pytest.raises(ValueError, match=r"margin 'combined' → 'adaface' cannot continue"):
+        check_continuation(ckpt, common, {**current, "margin": "adaface"}, "b" * 16, "same data", explicit=True)
 
 
 def test_an_explicit_resume_refuses_other_training_data_and_names_schedule_changes(tmp_path):

@@ -498,17 +498,21 @@ FIXED_KEYS: dict[str, str] = {
     "embedding_size": "the saved weights and class centres have that width",
     "num_classes": "the head holds one saved row per class",
     "optimizer": "the saved optimizer state is that optimizer's",
+    "sub_centers": "the head holds that many saved centres per class",
+    "margin": "the head's saved state is that margin's: AdaFace keeps running norm statistics",
 }
 
 
 def config_changes(saved: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
     """``{key: (saved value, current value)}`` for every key that enters the fingerprint and differs (the
-    ``rec`` path aside: the data's identity stands for it)."""
-    from utils.config import FINGERPRINT_EXCLUDED
+    ``rec`` path aside: the data's identity stands for it). A key added after ``saved`` was written counts with
+    the value that trained as the code did then (``FINGERPRINT_LEGACY``)."""
+    from utils.config import FINGERPRINT_EXCLUDED, FINGERPRINT_LEGACY
 
     def plain(v: Any) -> Any:
         return [plain(x) for x in v] if isinstance(v, (list, tuple)) else v
 
+    saved = {**FINGERPRINT_LEGACY, **saved}
     keys = sorted((set(saved) | set(current)) - FINGERPRINT_EXCLUDED - {"rec", "skipped_steps"})
     return {k: (saved.get(k), current.get(k)) for k in keys if plain(saved.get(k)) != plain(current.get(k))}
 

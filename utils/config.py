@@ -49,7 +49,7 @@ FINGERPRINT_EXCLUDED = frozenset({
 # Keys added after checkpoints were first written, each with the value that trains as the code did before the
 # key existed. A key at that value is left out of the fingerprint, so those checkpoints still resume (e.g. a run
 # started with power-2 decay continues with `--set lr_power=2`); any other value changes the fingerprint.
-_FINGERPRINT_LEGACY = {"lr_power": 2.0, "dali_aug": False, "margin": "combined", "adaface_m": 0.4, "adaface_h": 0.333,
+FINGERPRINT_LEGACY = {"lr_power": 2.0, "dali_aug": False, "margin": "combined", "adaface_m": 0.4, "adaface_h": 0.333,
                        "adaface_t_alpha": 0.01, "sub_centers": 1, "head_update": "sampled"}
 
 _TRUE = frozenset({"true", "1", "yes", "y", "on"})
@@ -547,7 +547,7 @@ def fingerprint(cfg: Mapping[str, Any], data: str | None = None) -> str:
 
     Two configurations with the same fingerprint train the same model step for step (with the same loader:
     ``dali`` is left out, see ``FINGERPRINT_EXCLUDED``), so a checkpoint of one may be resumed automatically by
-    the other. Keys at their ``_FINGERPRINT_LEGACY`` value are left out, so a
+    the other. Keys at their ``FINGERPRINT_LEGACY`` value are left out, so a
     configuration saved before such a key existed hashes as it did then.
     """
     def plain(v: Any) -> Any:
@@ -558,7 +558,7 @@ def fingerprint(cfg: Mapping[str, Any], data: str | None = None) -> str:
         return v
 
     relevant = {k: plain(v) for k, v in sorted(cfg.items())
-                if k not in FINGERPRINT_EXCLUDED and not (k in _FINGERPRINT_LEGACY and v == _FINGERPRINT_LEGACY[k])}
+                if k not in FINGERPRINT_EXCLUDED and not (k in FINGERPRINT_LEGACY and v == FINGERPRINT_LEGACY[k])}
     if data is not None:
         relevant["rec"] = data
     blob = json.dumps(relevant, sort_keys=True, separators=(",", ":"), allow_nan=False)
