@@ -24,8 +24,9 @@ every rank, so every rank updates ``batch_mean`` and ``batch_std`` with the same
 without a collective, are module buffers (``head.state_dict()``) and are saved in checkpoints.
 
 A batch whose statistics cannot be formed (fewer than 2 samples: the unbiased std is undefined) or are not
-finite (a NaN or infinite embedding) leaves the statistics as they were, so one bad step cannot poison every
-later one; the check runs on the device (no host synchronisation).
+finite (a NaN embedding norm; an infinite one is clipped to 100 first, as in the authors' head) leaves the
+statistics as they were, so one bad step cannot poison every later one; the check runs on the device (no host
+synchronisation).
 
 Gradient modes, as ``losses.margin``: ``"exact"`` differentiates the formula above (what the authors' head
 gets from autograd, and what the paper's analysis of the gradient scaling term assumes): ``clamp`` and

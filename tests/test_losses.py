@@ -234,6 +234,8 @@ def test_build_margin_from_config():
                                                          "adaface_t_alpha=0.1", "margin_scale=32"]))
     assert isinstance(ada, AdaFace)
     assert (ada.s, ada.m, ada.h, ada.t_alpha, ada.gradient) == (32.0, 0.3, 0.5, 0.1, "straight_through")
+    # README: the config's margin_gradient defaults to straight-through; the classes used directly differ.
+    assert (AdaFace().gradient, CombinedMarginLoss(64.0, 1.0, 0.5, 0.0).gradient) == ("exact", "straight_through")
     assert sorted(MARGINS) == ["adaface", "combined"]
     with pytest.raises(ValueError, match=r"margin = 'sphereface' is unknown; expected one of \['adaface', 'c"):
         build_margin({"margin": "sphereface"})
