@@ -94,8 +94,10 @@ def test_unknown_key_suggestion(tmp_path):
     ("config.resume = 1\n", "resume"),
 ])
 def test_wrong_type(tmp_path, body, needle):
-    with pytest.raises(ValueError, match=needle + r".*expected"):
-        load_config(write_cfg(tmp_path, body))
+    path = write_cfg(tmp_path, body)
+    with pytest.raises(ValueError, match=needle + r".*expected") as err:
+        load_config(path)
+    assert path in str(err.value)  # README: wrong types are errors naming the file
 
 
 def test_int_accepted_for_float(tmp_path):
@@ -133,6 +135,24 @@ def test_int_accepted_for_float(tmp_path):
     ("config.lr_power = float('inf')\n", r"lr_power = inf .*finite and > 0"),
     ("config.dali_aug = True\n", r"dali_aug = True is not allowed; expected False: .*set dali_aug = False"),
     ("config.sample_rate = 0\n", r"sample_rate = 0\.0 .*\(0, 1\] .*below 1 / num_classes"),
+    ("config.margin_scale = 0\n", r"margin_scale = 0\.0 is not allowed; expected > 0"),
+    ("config.margin_scale = -64.0\n", r"margin_scale = -64\.0 is not allowed; expected > 0"),
+    ("config.margin_list = (1.0, 0.5, -0.1)\n", r"margin_list = \(1\.0, 0\.5, -0\.1\) .*m3 >= 0"),
+    ("config.margin_list = (1.0, 0.5, float('inf'))\n", r"margin_list = \(1\.0, 0\.5, inf\) .*3 finite numbers"),
+    ("config.margin_list = (float('inf'), 0.5, 0.0)\n", r"margin_list = \(inf, 0\.5, 0\.0\) .*3 finite numbers"),
+    ("config.margin_list = (1.0, 0.5, float('nan'))\n", r"margin_list = \(1\.0, 0\.5, nan\) .*3 finite numbers"),
+    ("config.max_steps = -1\n", r"max_steps = -1 is not allowed; expected >= 0"),
+    ("config.num_workers = -1\n", r"num_workers = -1 is not allowed; expected >= 0"),
+    ("config.seed = -1\n", r"seed = -1 is not allowed; expected >= 0"),
+    ("config.verbose = 0\n", r"verbose = 0 is not allowed; expected >= 1"),
+    ("config.frequent = 0\n", r"frequent = 0 is not allowed; expected >= 1"),
+    ("config.save_every_steps = -1\n", r"save_every_steps = -1 is not allowed; expected >= 0"),
+    ("config.dist_timeout_minutes = 0\n", r"dist_timeout_minutes = 0 is not allowed; expected >= 1"),
+    ("config.num_image = 0\n", r"num_image = 0 is not allowed; expected >= 1, or None"),
+    ("config.network = ''\n", r"network = '' is not allowed; expected a backbone name"),
+    ("config.network = '  '\n", r"network = '  ' is not allowed; expected a backbone name"),
+    ("config.rec = ''\n", r"rec = '' is not allowed; expected a dataset folder or 'synthetic'"),
+    ("config.rec = '  '\n", r"rec = '  ' is not allowed; expected a dataset folder or 'synthetic'"),
 ])
 def test_impossible_values(tmp_path, body, needle):
     path = write_cfg(tmp_path, body)
@@ -286,6 +306,40 @@ def test_check_paths(tmp_path):
         check_paths(load_config("configs/debug_cpu", [f"rec={tmp_path / 'half'}"]))
     with pytest.raises(ValueError, match="init_backbone = .*no such file"):
         check_paths(load_config("configs/debug_cpu", [f"init_backbone={missing}.pt"]))
+
+
+def test_check_paths_refuses_a_missing_resume_directory(tmp_path):
+    """README: resume = a path continues from that checkpoint directory; one that is not there is refused, naming it."""
+    missing = tmp_path / "work" / "checkpoints" / "step_000000010"
+    cfg = load_config("configs/debug_cpu", [f"resume={missing}"])  # a str: accepted by the loader, checked on disk
+    assert cfg.resume == str(missing)
+    with pytest.raises(ValueError, match=r"resume = '.*step_000000010': no such checkpoint directory; expected "
+                                         r"<output>/checkpoints/step_<step>, or True") as err:
+        check_paths(cfg)
+    assert repr(str(missing)) in str(err.value) and "\n" not in str(err.value)
+    missing.parent.mkdir(parents=True)
+    missing.write_bytes(b"")  # a file is not a checkpoint directory either
+    with pytest.raises(ValueError, match="no such checkpoint directory"):
+        check_paths(cfg)
+    missing.unlink()
+    missing.mkdir()
+    check_paths(cfg)  # an existing directory passes (whether it holds a checkpoint is checked at resume)
+    check_paths(load_config("configs/debug_cpu", ["resume=true"]))  # True: the newest under output, no path
+
+
+def test_dali_needs_num_classes():
+    """README (`dali`): the DALI loader needs num_classes set; train.build_data refuses None before opening DALI
+    (so this runs without nvidia-dali or a GPU), in one line naming the keys."""
+    import logging
+
+    import torch
+
+    import train as trainer
+
+    cfg = load_config("configs/debug_cpu", ["dali=true", "num_classes=none"])
+    assert cfg.dali is True and cfg.num_classes is None
+    with pytest.raises(ValueError, match=r"^dali = True needs num_classes: the DALI reader does not count classes$"):
+        trainer.build_data(cfg, 0, 1, torch.device("cpu"), logging.getLogger("test_config"))
 
 
 # ------------------------------------------------------------------------------ fingerprint
