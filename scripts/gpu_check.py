@@ -2,8 +2,9 @@
 
     python3 scripts/gpu_check.py [--out work_dirs/gpu_check] [--wheels DIR]
 
-Runs with the machine's own Python and torch and fetches nothing. Packages it needs beyond torch that are
-missing (on GPU nodes usually only ``easydict``) are installed from wheel files in ``--wheels DIR`` into
+Runs with the machine's own Python and torch and fetches nothing. Packages it needs beyond torch (``NEEDED``) that
+are missing (on GPU nodes usually only ``easydict``) are named before any check runs, and installed from wheel
+files in ``--wheels DIR`` into
 ``<out>/site``: on a machine with internet, ``python3 -m pip download --no-deps easydict -d DIR``, then
 copy DIR over. The checks, about 6-8 minutes on one GPU:
 
@@ -36,7 +37,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-NEEDED = ("easydict",)  # imported by the configs, as arcface_torch's; not part of a CUDA image of torch
+# What the checks import beyond torch (import name: pip name). A CUDA image of torch usually lacks only easydict
+# (the configs import it, as arcface_torch's); anything missing stops the run before any check, in one line.
+NEEDED = {"easydict": "easydict", "numpy": "numpy", "torchvision": "torchvision", "tensorboard": "tensorboard",
+          "tqdm": "tqdm", "sklearn": "scikit-learn", "pytest": "pytest", "pytest_timeout": "pytest-timeout"}
 TARGET_R50_IMAGES_PER_S = 5000.0
 TARGET_HEAD_RATIO = 1.3
 TRAIN_STEPS = 300
@@ -55,13 +59,15 @@ def run_command(cmd: list[str], timeout: float, env: dict[str, str]) -> tuple[in
 
 
 def install_missing(wheels: Path | None, site: Path) -> tuple[list[str], str]:
-    """Install the packages of NEEDED that do not import from ``wheels`` into ``site``; returns (missing, note)."""
-    missing = [name for name in NEEDED if subprocess.run([sys.executable, "-c", f"import {name}"],
-                                                          capture_output=True).returncode != 0]
+    """Install the packages of NEEDED that do not import from ``wheels`` into ``site``; returns (missing pip
+    names, note)."""
+    missing = [pip_name for name, pip_name in NEEDED.items()
+               if subprocess.run([sys.executable, "-c", f"import {name}"], capture_output=True).returncode != 0]
     if not missing:
         return [], "all present"
     if wheels is None:
-        return missing, f"missing {missing}; pass --wheels DIR holding their wheel files"
+        return missing, (f"missing {missing}; on a machine with internet run `python3 -m pip download --no-deps "
+                         f"{' '.join(missing)} -d wheels`, copy wheels/ here and pass --wheels wheels")
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
                            "--find-links", str(wheels), "--target", str(site), *missing],
                           capture_output=True, text=True)

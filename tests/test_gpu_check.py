@@ -22,6 +22,17 @@ def test_without_cuda_it_says_so_in_one_line_and_exits_1(tmp_path):
     assert not (tmp_path / "report.md").exists()
 
 
+def test_missing_packages_are_named_by_their_pip_names(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_check, "NEEDED", {"json": "json", "no_such_module_xyz": "no-such-package"})
+    missing, note = gpu_check.install_missing(None, tmp_path / "site")
+    assert missing == ["no-such-package"]
+    assert "pip download --no-deps no-such-package -d wheels" in note and "--wheels" in note
+    missing, note = gpu_check.install_missing(tmp_path, tmp_path / "site")  # an empty folder: pip finds nothing
+    assert missing == ["no-such-package"] and "could not install ['no-such-package']" in note
+    monkeypatch.setattr(gpu_check, "NEEDED", {"json": "json"})
+    assert gpu_check.install_missing(None, tmp_path / "site") == ([], "all present")
+
+
 def test_training_log_judgement():
     log = "\n".join(f"12:00:00 INFO step {s}/300 epoch 0 | loss {30 - s / 20:.4f} | lr 0.1" for s in range(10, 301, 10))
     fp16 = log + "\n12:00:00 WARNING step 3: non-finite backbone gradients (loss 31.2); update ...\n" \
