@@ -360,3 +360,34 @@ def test_the_logged_loss_is_read_once_per_progress_line(tmp_path):
         for line, chunk in zip(got["lines"], (losses[0:3], losses[3:6], losses[6:7])):
             logged = float(line.split("| loss ")[1].split(" ")[0])
             assert logged == pytest.approx(sum(chunk) / len(chunk), abs=5e-5), (line, chunk)
+
+
+def _grads_at_the_update(rank: int, world_size: int, clip: float) -> dict:
+    """One train.optimizer_step with clip_grad_norm = ``clip``: the gradients the two optimizers' steps see."""
+    import train as trainer
+
+    job = _job(rank, world_size, overrides=(f"clip_grad_norm={clip}",))
+    seen = {}
+
+    def record(name, params):
+        def hook(opt, args, kwargs) -> None:
+            seen[name] = [p.grad.to_dense().clone() for p in params()]
+        return hook
+
+    job.opt_backbone.register_step_pre_hook(record("backbone", lambda: [p for p in job.backbone.parameters()]))
+    job.opt_head.register_step_pre_hook(record("head", lambda: [job.head.weight]))
+    assert trainer.optimizer_step(job, TrainState(), _batch(rank, 0)) is not None
+    return seen
+
+
+def test_clip_grad_norm_clips_the_backbone_only():
+    # README (`clip_grad_norm`): the backbone's gradient norm is clipped to this value (arcface_torch: 5); the
+    # head's gradient is not; 0 turns clipping off.
+    free = run_on_local_ranks(_grads_at_the_update, 2, 0.0)
+    clipped = run_on_local_ranks(_grads_at_the_update, 2, 1e-3)
+    for f, c in zip(free, clipped):
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in f["backbone"]]))
+        assert norm > 1e-2  # so that a clip at 1e-3 binds
+        for g_free, g_clipped in zip(f["backbone"], c["backbone"]):
+            torch.testing.assert_close(g_clipped, g_free * (1e-3 / norm), rtol=1e-4, atol=1e-12)
+        assert torch.equal(f["head"][0], c["head"][0])
