@@ -391,3 +391,30 @@ def test_clip_grad_norm_clips_the_backbone_only():
         for g_free, g_clipped in zip(f["backbone"], c["backbone"]):
             torch.testing.assert_close(g_clipped, g_free * (1e-3 / norm), rtol=1e-4, atol=1e-12)
         assert torch.equal(f["head"][0], c["head"][0])
+
+
+def _saves(rank: int, world_size: int, output: str, save_all_states: bool) -> None:
+    """train.train over 7 steps of 3-step epochs (num_image 48, batch 8 x 2 ranks), save_every_steps = 0."""
+    from pathlib import Path
+
+    import train as trainer
+
+    job = _job(rank, world_size, overrides=("num_image=48", "max_steps=7", "save_every_steps=0", "keep_checkpoints=10",
+                                            f"save_all_states={save_all_states}"))
+    assert job.derived.steps_per_epoch == 3
+    job.loader, job.output = _Batches(rank), Path(output)
+    trainer.train(job, TrainState())
+
+
+@pytest.mark.parametrize("save_all_states", [True, False])
+def test_checkpoints_at_each_epoch_end_and_the_last_step_or_only_the_weights(tmp_path, save_all_states):
+    # README: a checkpoint at each epoch end (and the last step; save_every_steps = 0 adds none between);
+    # save_all_states = False writes only model.pt and its model.json.
+    import json
+
+    from utils.checkpoint import list_checkpoints
+
+    run_on_local_ranks(_saves, 2, str(tmp_path), save_all_states)
+    names = [p.name for p in list_checkpoints(tmp_path)] if (tmp_path / "checkpoints").exists() else []
+    assert names == ([f"step_{s:09d}" for s in (3, 6, 7)] if save_all_states else []), names
+    assert (tmp_path / "model.pt").is_file() and json.loads((tmp_path / "model.json").read_text())["step"] == 7

@@ -37,6 +37,14 @@ def test_torchrun_two_ranks_trains_and_writes_everything(two_rank_run):
     first, last = float(losses[1]), sum(float(losses[s]) for s in range(13, 17)) / 4
     assert last < first, f"loss did not fall: step 1 {first}, steps 13-16 mean {last}"
     assert list((two_rank_run / "tensorboard").glob("events.out.tfevents.*")), "no TensorBoard events"
+    # README's training outputs: train/loss, train/lr, train/samples_per_sec each logged line (here every step).
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(two_rank_run / "tensorboard")).Reload()
+    assert {"train/loss", "train/lr", "train/samples_per_sec"} <= set(events.Tags()["scalars"]), events.Tags()
+    board = {e.step: e.value for e in events.Scalars("train/loss")}
+    assert sorted(board) == list(range(1, 17)) and all(e.value > 0 for e in events.Scalars("train/samples_per_sec"))
+    assert all(abs(board[s] - float(losses[s])) <= 1e-4 for s in board), (board, losses)
     steps = sorted(p.name for p in (two_rank_run / "checkpoints").iterdir())
     assert steps == [f"step_{s:09d}" for s in (4, 8, 12, 16)], steps
     for ckpt in (two_rank_run / "checkpoints").iterdir():
