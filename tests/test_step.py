@@ -418,3 +418,24 @@ def test_checkpoints_at_each_epoch_end_and_the_last_step_or_only_the_weights(tmp
     names = [p.name for p in list_checkpoints(tmp_path)] if (tmp_path / "checkpoints").exists() else []
     assert names == ([f"step_{s:09d}" for s in (3, 6, 7)] if save_all_states else []), names
     assert (tmp_path / "model.pt").is_file() and json.loads((tmp_path / "model.json").read_text())["step"] == 7
+
+
+def _wire_precision(rank: int, world_size: int, fp16: bool) -> bool:
+    """train.build on 2 ranks, one backward through the DDP backbone: are all-reduced gradients fp16 values?"""
+    import train as trainer
+    from tests.helpers import CONFIG
+    from utils.config import load_config
+
+    cfg = load_config(CONFIG, [f"fp16={fp16}"])
+    job = trainer.build(cfg, rank, world_size, torch.device("cpu"), logging.getLogger("test"))
+    g = torch.Generator().manual_seed(rank)
+    job.wrapped_backbone(torch.randn(4, 3, 112, 112, generator=g)).square().sum().backward()
+    grads = [p.grad for p in job.backbone.parameters() if p.grad is not None]
+    assert grads and not any(bool(torch.isinf(x.half()).any()) for x in grads)
+    return all(torch.equal(x, x.half().float()) for x in grads)
+
+
+def test_fp16_compresses_the_backbones_gradient_all_reduce():
+    # README (`fp16 = True`): DDP's gradient all-reduce travels in fp16, as the reference's; fp32 runs do not.
+    assert run_on_local_ranks(_wire_precision, 2, True) == [True, True]
+    assert run_on_local_ranks(_wire_precision, 2, False) == [False, False]
