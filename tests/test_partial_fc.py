@@ -14,7 +14,9 @@ from torch import nn
 
 import partial_fc
 from losses import AdaFace, ArcFace, CombinedMarginLoss, CosFace
-from partial_fc import PartialFC, RowSparseAdamW, RowSparseSGD, build_head_optimizer, class_partition
+from partial_fc import (PartialFC, RowSparseAdamW, RowSparseSGD, build_head_optimizer, class_partition,
+                        sample_size)
+from utils import cpu_kernels
 from utils.distributed import run_on_local_ranks
 from utils.distributed import sharded_cross_entropy
 from tests.references import adaface_reference, head_loss
@@ -532,6 +534,83 @@ def _check_update_all(name: str, res: dict) -> None:
     assert not torch.isclose(ours[unsampled], torch.from_numpy(res["before_last"])[unsampled]).all(dim=1).any()
 
 
+# update="all" (arcface_torch's dense weight gradient) through the same single-process reference as HEAD_CASES:
+# the fused head (ArcFace, K = 1) and the unfused chain (AdaFace; ArcFace with sub-centres), with and without
+# sampling, on both tactics.
+UPDATE_ALL_CASES = (("arcface", 1, 1.0), ("arcface", 1, 0.25), ("adaface", 1, 0.25), ("arcface", 2, 0.25))
+UPDATE_ALL_TACTICS = ("row_blocks", "fixed_ops")
+
+
+def _update_all_head_steps(rank: int, margin: str, sub_centers: int, rate: float, tactic: str) -> list[dict]:
+    """``_head_steps`` with ``update="all"``: two forward/backward steps, each step's dense weight gradient and the
+    rows the head sampled (recorded from ``_sample`` itself; at rate 1 every row). ``weight.grad`` is set to None
+    between the steps, as ``zero_grad(set_to_none=True)``: on a CPU the second step writes its gradient into the
+    first one's memory (the head keeps it), so rows it did not sample must be cleared there."""
+    world = torch.distributed.get_world_size()
+    torch.manual_seed(11)
+    make = AdaFace(**ADAFACE, gradient="exact") if margin == "adaface" else ArcFace(s=16.0, margin=0.5)
+    pfc = PartialFC(make, D, HEAD_CLASSES, sample_rate=rate, sub_centers=sub_centers, tactic=tactic, update="all")
+    drawn: list[torch.Tensor] = []
+    sample = pfc._sample
+    pfc._sample = lambda *args, **kwargs: drawn.append(sample(*args, **kwargs).clone()) or drawn[-1]
+    steps = []
+    for step in range(2):
+        emb, labels = _head_batch(world, step)
+        e = _local(emb, rank).clone().requires_grad_()
+        loss = pfc(e, _local(labels, rank))
+        loss.backward()
+        grad = pfc.weight.grad
+        assert grad.layout == torch.strided and grad.shape == pfc.weight.shape, (grad.layout, grad.shape)
+        assert len(drawn) == (step + 1 if rate < 1 else 0)
+        used = drawn[-1] if rate < 1 else torch.arange(pfc.num_local)
+        steps.append(dict(loss=loss.item(), emb_grad=e.grad.numpy().copy(), used=(used + pfc.class_start).numpy(),
+                          dense_grad=grad.numpy().copy(), weight=pfc.weight.detach().numpy().copy(),
+                          class_range=(pfc.class_start, pfc.num_local),
+                          buffers={k: v.numpy().copy() for k, v in pfc.named_buffers()}))
+        pfc.weight.grad = None
+    return steps
+
+
+def _update_all_worker(rank: int, world: int) -> dict:
+    return {(case, tactic): _update_all_head_steps(rank, *case, tactic)
+            for case in UPDATE_ALL_CASES for tactic in UPDATE_ALL_TACTICS}
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_update_all_head_matches_single_process(world):
+    """README: every variant, ``head_update = "all"`` included, equals the single-process full softmax on 1, 2 and 3
+    ranks (40 classes: 20 + 20, 14 + 13 + 13), with and without sampling. The weight gradient is dense
+    ``(num_local, K·D)``; rows a step did not sample are exactly zero (also in the second step, which reuses the
+    first one's memory on a CPU); the sampled rows, the loss and the embedding gradient equal the reference over
+    the classes the step used (``_check_head_steps``, fp32 to 1e-5)."""
+    results = run_on_local_ranks(_update_all_worker, world, timeout=150)
+    for case in UPDATE_ALL_CASES:
+        _, _, rate = case
+        for tactic in UPDATE_ALL_TACTICS:
+            per_rank = []
+            for rank, res in enumerate(results):
+                start, num = res[(case, tactic)][0]["class_range"]
+                assert (start, num) == class_partition(HEAD_CLASSES, world, rank)
+                steps = []
+                for step, got in enumerate(res[(case, tactic)]):
+                    _, labels = _head_batch(world, step)
+                    dense = torch.from_numpy(got["dense_grad"])  # (num_local, K·D)
+                    used = torch.from_numpy(got["used"])  # (C_used,) sorted class ids
+                    assert torch.equal(used, used.unique()) and used.min() >= start and used.max() < start + num
+                    positives = labels[(labels >= start) & (labels < start + num)].unique()
+                    assert set(positives.tolist()) <= set(used.tolist()), (case, tactic, step, positives, used)
+                    assert used.numel() == sample_size(num, rate, positives.numel())
+                    unsampled = torch.ones(num, dtype=torch.bool)
+                    unsampled[used - start] = False
+                    if rate < 1:
+                        assert unsampled.any(), "every row sampled: the zero rows would not be checked"
+                    assert torch.count_nonzero(dense[unsampled]) == 0, (case, tactic, rank, step)
+                    assert torch.count_nonzero(dense[used - start].abs().sum(dim=1)) == used.numel()
+                    steps.append(dict(got, weight_grad=dense[used - start].numpy()))
+                per_rank.append(steps)
+            _check_head_steps(case, per_rank, world)
+
+
 def test_update_all_and_sub_centers_arguments():
     with pytest.raises(ValueError, match="sub_centers=0 must be an integer >= 1"):
         PartialFC(ArcFace(), D, NUM_CLASSES, sub_centers=0)
@@ -603,6 +682,71 @@ def test_target_logits_are_the_margin_s_target_column():
         torch.testing.assert_close(logits, margin.apply_margin(cos, labels).gather(1, labels[:, None]))
         assert margin.target_only_scale() == 30.0 and slopes.shape == logits.shape
     assert CombinedMarginLoss(30.0, 1.0, 0.5, 0.0, interclass_filtering_threshold=0.3).target_only_scale() is None
+
+
+@pytest.mark.parametrize("margin", ["cosface", "arcface"])
+@pytest.mark.parametrize("tactic", ["row_blocks", "fixed_ops"])
+def test_fused_head_loss_does_not_saturate(margin, tactic, monkeypatch):
+    """README: the loss is never the log of a clamped probability, so it never saturates, also through the default
+    fused head (_MarginSoftmax, whose compiled CPU loops, row_blocks, clamp exp's argument at -87). s = 64; every embedding lies near the centre of a wrong
+    class whose centre is opposite the target's (cos ≈ +1 there, ≈ -1 on the target), so each sample's loss is
+    above 100 (CosFace ≈ 64·1 + 64·1.4, ArcFace ≈ 64·1 + 64·cos(0.5)): well past -log(e^-87) ≈ 87.3, where a loss
+    computed from a clamped or underflowed target probability would stop. Loss, embedding and weight gradients
+    against a float64 reference written out here."""
+    s, m = 64.0, (0.4 if margin == "cosface" else 0.5)
+    calls = []
+    for name in ("softmax_forward", "softmax_backward"):  # prove the compiled loops ran (row_blocks)
+        real = getattr(cpu_kernels, name)
+        monkeypatch.setattr(cpu_kernels, name, lambda *a, _real=real, _name=name: (calls.append(_name), _real(*a))[1])
+    g = torch.Generator().manual_seed(4)
+    classes, dim, batch = 40, 16, 7  # 40 columns: the loops' 16-wide blocks and their scalar tail
+    half = F.normalize(torch.randn(classes // 2, dim, generator=g))
+    # class c + 20 is opposite class c; the centres' norms differ (the head divides by them)
+    weight = torch.cat([half, -half]) * (0.5 + torch.rand(classes, 1, generator=g))  # (C, D)
+    labels = torch.tensor([0, 39, 17, 22, 5, 36, 31])  # targets in both halves, in the loops' blocks and their tail
+    wrong = (labels + classes // 2) % classes  # the class opposite each target
+    near = F.normalize(weight[wrong]) + 0.05 * torch.randn(batch, dim, generator=g)  # (B, D) near the wrong centre
+    emb = near * (1 + 4 * torch.rand(batch, 1, generator=g))  # norms 1..5
+    make = CosFace(s=s, m=m) if margin == "cosface" else ArcFace(s=s, margin=m)
+    head = PartialFC(make, dim, classes, tactic=tactic)
+    with torch.no_grad():
+        head.weight.copy_(weight)
+    x = emb.clone().requires_grad_()
+    loss = head(x, labels)
+    assert type(loss.grad_fn).__name__ == "_MarginSoftmaxBackward"  # the fused head, the default for these margins
+    loss.backward()
+    if tactic == "row_blocks" and cpu_kernels.library() is not None:
+        assert calls == ["softmax_forward", "softmax_backward"], calls
+    else:
+        assert calls == [], calls
+
+    # float64 reference: normalise, cosines, margin on the target (straight-through for ArcFace: its gradient is
+    # s on the target as elsewhere, the head's default; CosFace's is exact anyway), log-softmax, mean.
+    e = emb.double().requires_grad_()
+    w = weight.double().requires_grad_()
+    cos = (e / e.norm(dim=1, keepdim=True)) @ (w / w.norm(dim=1, keepdim=True)).t()  # (B, C)
+    cos_t = cos.gather(1, labels[:, None])  # (B, 1)
+    if margin == "cosface":
+        target = s * (cos_t - m)
+    else:
+        target = s * cos_t + (s * torch.cos(torch.acos(cos_t.detach()) + m) - s * cos_t).detach()
+    logits = (s * cos).scatter(1, labels[:, None], target)  # (B, C)
+    per_sample = -logits.log_softmax(dim=1).gather(1, labels[:, None])[:, 0]  # (B,)
+    ref = per_sample.mean()
+    ref.backward()
+    assert per_sample.min() > 100, per_sample  # every sample saturated, not just the mean
+    # Tolerances. The head computes the cosines in fp32 (unit round-off u = 2^-24 ≈ 6e-8): D = 16 products plus the
+    # two normalisations give |δcos| ≲ 20u ≈ 1.2e-6, so a logit is off by ≲ s·1.2e-6 ≈ 8e-5 and a sample's loss
+    # (log-sum-exp minus the target logit) by ≲ 2e-4, plus the rounding of a value ~150 (u·150 ≈ 1e-5). 5e-4 on the
+    # mean loss is above that bound (measured: ~1e-5); a saturated loss (≈ 87.3 per sample) misses it by tens.
+    # The gradients are s·(softmax − one-hot) through the normalisations; a softmax entry exp(logit − lse) inherits
+    # ≲ 2·8e-5 relative error from the logits, hence rtol 2e-4, and atol 1e-5 of the largest entry covers entries
+    # that cancel (the embeddings lie 0.05 off a centre, so the tangential part is small). Measured: 1.4e-5 relative
+    # on the embeddings' gradient; a softmax off by 1e-3 (e.g. a perturbed normaliser) fails it.
+    assert abs(loss.item() - ref.item()) < 5e-4, (loss.item(), ref.item())
+    for got, want in ((x.grad, e.grad), (head.weight.grad, w.grad)):
+        assert want.abs().max() > 1e-3
+        torch.testing.assert_close(got.double(), want, rtol=2e-4, atol=1e-5 * float(want.abs().max()))
 
 
 def test_fused_head_reuses_its_cosine_buffer_only_between_finished_steps():
