@@ -156,8 +156,9 @@ config.resume = False
 # True: when `output` holds a complete checkpoint whose config fingerprint matches, continue from it.
 config.auto_resume = True
 # Write resumable checkpoints (backbone, optimizers, scaler, RNG, head shards) at every epoch end and every
-# save_every_steps. On by default so that a crashed job loses at most save_every_steps steps; False = write
-# only the backbone weights (output/model.pt, with its model.json), as arcface_torch does by default.
+# save_every_steps. On by default so that a crashed job loses at most an epoch, or save_every_steps steps when that
+# is set; False = write only the backbone weights (output/model.pt, with its model.json), as arcface_torch does
+# by default.
 config.save_all_states = True
 # Also checkpoint every this many optimizer steps; 0 = only at epoch end; >= 0.
 config.save_every_steps = 0
