@@ -399,3 +399,16 @@ def test_a_moved_dataset_keeps_its_fingerprint(tmp_path):
     assert fingerprint(cfg_a, data_identity(cfg_a.rec)) == fingerprint(cfg_b, data_identity(cfg_b.rec))
     (tmp_path / "b" / "id0" / "1.jpg").write_bytes(b"y")  # other contents: another identity
     assert data_identity(cfg_b.rec) != data_identity(cfg_a.rec)
+
+
+def test_a_config_that_is_not_there_is_named_with_the_closest_or_its_new_name():
+    from utils.config import CONFIG_DIR, RENAMED_CONFIGS
+
+    with pytest.raises(ValueError, match=r"config 'configs/ms1mv3_r5' not found \(tried .*ms1mv3_r5\.py.*\); shipped "
+                                         r"configs: .*ms1mv3_r50.*; did you mean configs/ms1mv3_r50\?$"):
+        load_config("configs/ms1mv3_r5")
+    # README: arcface_torch renamed wf42m_pfc02_r50; the old name is answered with the new one, not a lookalike
+    with pytest.raises(ValueError, match=r"did you mean configs/wf42m_pfc02_8gpus_r50_bs4k\?$"):
+        load_config("configs/wf42m_pfc02_r50")
+    assert all((CONFIG_DIR / f"{new}.py").is_file() and not (CONFIG_DIR / f"{old}.py").exists()
+               for old, new in RENAMED_CONFIGS.items())

@@ -27,6 +27,8 @@ from typing import Any, Callable, Iterator
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO_ROOT / "configs"
+# Recipes arcface_torch renamed: the old name is answered with the new one (not the closest spelling).
+RENAMED_CONFIGS = {"wf42m_pfc02_r50": "wf42m_pfc02_8gpus_r50_bs4k"}
 BASE_CONFIG = CONFIG_DIR / "base.py"
 
 # Keys whose default does not show their type: optional paths (None allowed) and `resume` (bool or a path).
@@ -231,7 +233,8 @@ def resolve_config_path(path_or_name: str) -> Path:
             if full.is_file():
                 return full
     known = sorted(p.stem for p in CONFIG_DIR.glob("*.py") if not p.name.startswith("_"))
-    hint = difflib.get_close_matches(raw.stem, known, n=1)
+    hint = ([RENAMED_CONFIGS[raw.stem]] if raw.stem in RENAMED_CONFIGS
+            else difflib.get_close_matches(raw.stem, known, n=1))
     raise ValueError(f"config {path_or_name!r} not found (tried {', '.join(map(str, dict.fromkeys(tried)))}); "
                      f"shipped configs: {', '.join(known)}" + (f"; did you mean configs/{hint[0]}?" if hint else ""))
 
