@@ -106,6 +106,29 @@ def test_save_atomic_failure_keeps_previous_file(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt"]
 
 
+def test_save_atomic_flushes_the_file_before_the_rename_and_the_folder_after(tmp_path, monkeypatch):
+    # README (Reliability): files are written to a temporary name, fsynced, renamed, and the folder fsynced, so a
+    # power loss leaves the old file or the new one, never a torn one.
+    import utils.files as files
+
+    events = []
+    fsync, replace = os.fsync, os.replace
+    monkeypatch.setattr(files.os, "fsync", lambda fd: events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+                        or fsync(fd))
+    monkeypatch.setattr(files.os, "replace", lambda a, b: events.append(("replace", str(b))) or replace(a, b))
+    path = tmp_path / "model.pt"
+    save_atomic({"w": torch.ones(2)}, path)
+    assert events == [("fsync", f"{path}.tmp"), ("replace", str(path)), ("fsync", str(tmp_path))], events
+    # A checkpoint: every file flushed inside step_N.tmp/, then the folder renamed, then checkpoints/ flushed.
+    events.clear()
+    ckpt = save_world(tmp_path / "run", 12, world_size=2)
+    renamed = events.index(("replace", str(ckpt)))
+    assert events[renamed + 1:] == [("fsync", str(ckpt.parent))], events
+    flushed = {Path(p).name.removesuffix(".tmp") for kind, p in events[:renamed]
+               if kind == "fsync" and Path(p).parent.name == f"{ckpt.name}.tmp"}
+    assert flushed == {p.name for p in ckpt.iterdir()}, (flushed, events)
+
+
 # ------------------------------------------------------------------------------ layout and contents
 
 def test_layout_contents_and_weights_only(tmp_path):
