@@ -109,6 +109,24 @@ def test_demo_trains_and_verifies_bf16_only_where_the_cpu_computes_it(tmp_path, 
     assert ("--set" in train_cmd and train_cmd[train_cmd.index("--set") + 1] == "bf16=false") is not hardware_bf16
     said = "does not compute bfloat16 in hardware" in capsys.readouterr().out
     assert said is not hardware_bf16
+    if hardware_bf16:
+        return
+    # README: the baseline is the same network untrained: the weights the trainer starts from.
+    import torch
+
+    import train
+    from eval import verify
+    from eval.model_source import build_backbone
+    from utils.config import load_config
+
+    untrained = next(c for c in verify_cmds if "--random-init" in c)
+    args = verify.parse_args(untrained[untrained.index("eval.verify") + 1:])
+    baseline = build_backbone(args)
+    cfg = load_config(str(config))
+    torch.manual_seed(cfg.seed)  # as train.build, before it builds the backbone
+    start = train.build_backbone(cfg, torch.device("cpu"))
+    theirs, ours = start.state_dict(), baseline.state_dict()
+    assert theirs.keys() == ours.keys() and all(torch.equal(theirs[k], ours[k]) for k in theirs)
 
 
 @pytest.mark.timeout(120)
