@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -33,11 +34,15 @@ def export(model: torch.nn.Module, output: Path, image_size: int = 112, opset: i
     dummy = torch.zeros(1, 3, image_size, image_size)
     output.parent.mkdir(parents=True, exist_ok=True)
     # The TorchScript-based exporter: it needs no extra package (the dynamo exporter needs onnxscript), and it
-    # writes to a file object, so the file appears complete or not at all.
-    atomic_write(output, lambda f: torch.onnx.export(
-        model, (dummy,), f, dynamo=False, input_names=["input"], output_names=["embedding"],
-        dynamic_axes={"input": {0: "batch"}, "embedding": {0: "batch"}}, opset_version=opset,
-        do_constant_folding=True))
+    # writes to a file object, so the file appears complete or not at all. torch >= 2.9 warns that it is the
+    # legacy one on every export: a choice made here, not the user's, so that warning is not shown.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="You are using the legacy TorchScript-based ONNX export",
+                                category=DeprecationWarning)
+        atomic_write(output, lambda f: torch.onnx.export(
+            model, (dummy,), f, dynamo=False, input_names=["input"], output_names=["embedding"],
+            dynamic_axes={"input": {0: "batch"}, "embedding": {0: "batch"}}, opset_version=opset,
+            do_constant_folding=True))
 
 
 def max_difference(model: torch.nn.Module, onnx_path: Path, batch: int = 4, image_size: int = 112,
