@@ -395,7 +395,7 @@ def test_autocast_bf16_close_to_fp32():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         low = pfc(emb, labels)
     assert low.dtype == torch.float32
-    assert abs(float(low) - float(exact)) < 0.05 * float(exact)
+    assert abs(low.item() - exact.item()) < 0.05 * exact.item()
 
 
 def test_loaded_optimizer_state_follows_the_parameter_device():
