@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
 import subprocess
 import sys
 import textwrap
@@ -274,6 +275,35 @@ def test_softmax_forward_row_statistics_and_threads():
     assert torch.equal(row_max, logits.amax(dim=1))
     torch.testing.assert_close(row_sum, (logits - row_max[:, None]).double().exp().sum(dim=1).float(), rtol=3e-7,
                                atol=0)
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="flush-to-zero is set on x86 only")
+def test_softmax_backward_flushes_subnormal_softmax_values_and_restores_the_callers_mode():
+    """Logits 87 or more below their row's largest give softmax values below FLT_MIN: the backward loop makes them
+    0 (flush-to-zero), where the same arithmetic would leave subnormal numbers (microcode on x86, 2x to 35x slower);
+    the thread's floating-point mode is the caller's again afterwards."""
+    g = torch.Generator().manual_seed(7)
+    batch, classes, s = 8, 100, 64.0
+    products = torch.rand(batch, classes, generator=g) * 2 - 1  # logits ±64: many 87+ below the row's largest
+    inv_w, target = torch.ones(classes), torch.randint(0, classes, (batch,), generator=g)
+    target_logit, slope = torch.full((batch,), 60.0), torch.ones(batch)
+    cos, row_max, row_sum = products.clone(), torch.empty(batch), torch.empty(batch)
+    with _num_threads(1):  # the loop runs on this thread
+        cpu_kernels.softmax_forward(cos, inv_w, s, target_logit, target, row_max, row_sum)
+        coef = (1.0 / batch) / row_sum
+        dot_w, dot_e = torch.zeros(classes), torch.empty(batch)
+        cpu_kernels.softmax_backward(cos, inv_w, s, 1.0 / batch, target_logit, slope, target, row_max, coef, dot_w,
+                                     dot_e)
+    logits = (s * products).scatter(1, target[:, None], target_logit[:, None])
+    far = (logits - row_max[:, None] < -88.0)  # exp clamped at e^-87, then times coef < 1: below FLT_MIN
+    assert far.sum() > 100
+    tiny = torch.finfo(torch.float32).tiny
+    assert not ((cos != 0) & (cos.abs() < tiny)).any()  # no subnormal G
+    assert (cos[far] == 0).all()
+    near = logits - row_max[:, None] > -40.0
+    assert (cos[near] != 0).all()
+    half = torch.tensor([tiny]) * 0.5  # torch's own arithmetic on this thread still makes subnormal numbers
+    assert half.item() != 0.0 and half.item() < tiny
 
 
 def test_softmax_kernels_keep_a_nan_a_nan():

@@ -14,7 +14,9 @@ shift, exp, sum; softmax, gradient, column and row sums, ``G``), each a pass ove
 Python. Here each row takes two passes forward and one backward, with a vectorised ``exp`` accurate to ~1.3
 units in the last place (torch's: ~0.5), so the values agree with the torch operations to rounding, not to the
 bit. Sums run in 16 fixed lanes, so they do not depend on the CPU's vector width; the backward's column sums
-do depend on the number of threads (each thread sums its rows, then the threads' sums are added).
+do depend on the number of threads (each thread sums its rows, then the threads' sums are added). The backward
+runs with flush-to-zero on x86 (set for the loop, put back after it): softmax values below FLT_MIN, from logits
+~87 or more below their row's largest, are 0 rather than subnormal numbers, which x86 computes with in microcode.
 
 Class sampling (``sample_rows``; ``partial_fc.PartialFC._sample``): every sampled step
 hashes each of the shard's class ids with the step's seed, about thirty whole-array integer operations in torch
