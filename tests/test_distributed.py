@@ -160,3 +160,36 @@ def test_an_early_reduce_scatter_gives_the_gather_s_gradient(world):
         else:
             assert res["plain_calls"] == [False] and res["early_calls"] == [True]
             assert res["early_and_elsewhere_calls"] == [True, False]
+
+
+def test_pick_device_auto_cpu_and_cuda(monkeypatch):
+    # README (`device`): "auto" takes CUDA when there is one (this rank's GPU, LOCAL_RANK), else the CPU;
+    # "cuda" without CUDA is one clear error.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert du.pick_device("auto") == du.pick_device("cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match=r"device = 'cuda' but torch.cuda.is_available\(\) is False .*'cpu' or 'auto'"):
+        du.pick_device("cuda")
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert du.pick_device("auto") == du.pick_device("cuda") == torch.device("cuda", 3) and chosen == [3, 3]
+    assert du.pick_device("cpu") == torch.device("cpu")
+
+
+def test_init_process_group_takes_the_configured_timeout(monkeypatch):
+    # README (`dist_timeout_minutes`): how long a collective may wait before the job fails, passed to the group.
+    import datetime
+
+    import torch.distributed as dist
+
+    calls = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda **kwargs: calls.append(kwargs))
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    du.init_process_group(torch.device("cpu"), 7)
+    assert calls == []  # a plain `python train.py` launch: no process group
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    du.init_process_group(torch.device("cpu"), 7)
+    assert calls == [{"backend": "gloo", "init_method": "env://", "timeout": datetime.timedelta(minutes=7)}]
