@@ -61,14 +61,15 @@ def copy_run(run: Path, to: Path) -> Path:
 
 
 # ------------------------------------------------------------------------------------------------ resume
-def test_explicit_resume_continues_a_longer_schedule_with_a_lower_lr(first_run, tmp_path):
+def test_explicit_resume_continues_a_longer_schedule_with_a_lower_lr_and_another_power(first_run, tmp_path):
     output = copy_run(first_run, tmp_path / "run")
-    proc = train(CONFIG, output, *RUN[1:], "max_steps=20", "lr=0.01", "--resume")
+    proc = train(CONFIG, output, *RUN[1:], "max_steps=20", "lr=0.01", "lr_power=2", "--resume")
     warning = [line for line in proc.stdout.splitlines() if "with a changed config" in line]
     assert len(warning) == 1 and "lr 0.1 → 0.01" in warning[0] and "max_steps 12 → 20" in warning[0], proc.stdout
+    assert "lr_power 1.0 → 2.0" in warning[0], warning
     lrs = logged_lrs(output)
     assert min(s for s in lrs if lrs[s][0] == 20) == 13 and max(lrs) == 20  # from the saved step to the new end
-    assert float(lrs[13][1]) == pytest.approx(0.01 * (1 - 12 / 20), abs=1e-6)  # the new schedule at step 12
+    assert float(lrs[13][1]) == pytest.approx(0.01 * (1 - 12 / 20) ** 2, abs=1e-7)  # the new schedule at step 12
     assert find_latest(output) == step_dir(output, 20)
 
 
