@@ -35,10 +35,12 @@ def export(model: torch.nn.Module, output: Path, image_size: int = 112, opset: i
     output.parent.mkdir(parents=True, exist_ok=True)
     # The TorchScript-based exporter: it needs no extra package (the dynamo exporter needs onnxscript), and it
     # writes to a file object, so the file appears complete or not at all. torch >= 2.9 warns that it is the
-    # legacy one on every export: a choice made here, not the user's, so that warning is not shown.
+    # legacy one on every export, and its internals warn about their own deprecated helpers: a choice made here
+    # and torch's own code, nothing the user can act on, so those warnings are not shown.
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="You are using the legacy TorchScript-based ONNX export",
                                 category=DeprecationWarning)
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.onnx")
         atomic_write(output, lambda f: torch.onnx.export(
             model, (dummy,), f, dynamo=False, input_names=["input"], output_names=["embedding"],
             dynamic_axes={"input": {0: "batch"}, "embedding": {0: "batch"}}, opset_version=opset,

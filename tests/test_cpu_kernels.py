@@ -80,8 +80,8 @@ def test_adamw_rows_agrees_with_the_torch_operations(sparse, monkeypatch):
         p = torch.nn.Parameter(weight.clone())
         opt = RowSparseAdamW([p], lr=0.01, weight_decay=0.1, tactic="row_blocks")
         for grad in grads:
-            p.grad = (torch.sparse_coo_tensor(rows[None], grad, p.shape).coalesce() if rows is not None
-                      else grad.clone())
+            p.grad = (torch.sparse_coo_tensor(rows[None], grad, p.shape, check_invariants=True).coalesce()
+                      if rows is not None else grad.clone())
             opt.step()
         out[mode] = (p.detach(), opt.state[p])
     torch.testing.assert_close(out["1"][0], out["0"][0], rtol=1e-6, atol=1e-7)

@@ -5,6 +5,7 @@ import json
 import re
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -59,9 +60,11 @@ def trained(tmp_path_factory):
         opt.step()
     torch.save(net.state_dict(), out / "model.pt")
     net.eval()
-    torch.onnx.export(net, torch.zeros(1, 3, 112, 112), out / "model.onnx", dynamo=False,
-                      input_names=["data"], output_names=["embedding"],
-                      dynamic_axes={"data": {0: "batch"}, "embedding": {0: "batch"}})
+    with warnings.catch_warnings():  # torch's legacy-exporter notices: the exporter is chosen on purpose
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.onnx.export(net, torch.zeros(1, 3, 112, 112), out / "model.onnx", dynamo=False,
+                          input_names=["data"], output_names=["embedding"],
+                          dynamic_axes={"data": {0: "batch"}, "embedding": {0: "batch"}})
     return out
 
 
