@@ -98,7 +98,7 @@ def test_the_cpu_tactic_runs_the_kernels_and_fixed_ops_does_not(monkeypatch):
         weight, rows, grads = _case(300, 16, True, seed=1)
         p = torch.nn.Parameter(weight)
         opt = RowSparseSGD([p], lr=0.1, tactic=tactic)
-        p.grad = torch.sparse_coo_tensor(rows[None], grads[0], p.shape).coalesce()
+        p.grad = torch.sparse_coo_tensor(rows[None], grads[0], p.shape, check_invariants=True).coalesce()
         opt.step()
         p.grad = grads[1].new_zeros(p.shape).index_add_(0, rows, grads[1])  # dense
         opt.step()
@@ -187,7 +187,7 @@ def test_without_a_compiler_the_torch_operations_run(fresh_cache, monkeypatch, c
         cpu_kernels.sgd_rows(torch.zeros(2, 2), torch.zeros(2, 2), torch.zeros(2, 2), None, 0.1, 0.9, 0.0)
     weight, rows, grads = _case(300, 16, True, seed=2)
     p = torch.nn.Parameter(weight.clone())
-    p.grad = torch.sparse_coo_tensor(rows[None], grads[0], p.shape).coalesce()
+    p.grad = torch.sparse_coo_tensor(rows[None], grads[0], p.shape, check_invariants=True).coalesce()
     RowSparseSGD([p], lr=0.1).step()  # the chunked torch operations
     expected, buf = weight.clone(), torch.zeros_like(weight)
     _torch_sgd(expected, buf, grads[0], rows, 0.1, 0.9, 5e-4)

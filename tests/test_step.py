@@ -62,7 +62,8 @@ def _poison_head(job, value: float):
     """A hook that turns this rank's head gradient (sparse rows) into `value`."""
     def hook(g: torch.Tensor) -> torch.Tensor:
         g = g.coalesce()
-        return torch.sparse_coo_tensor(g.indices(), torch.full_like(g.values(), value), g.shape).coalesce()
+        return torch.sparse_coo_tensor(g.indices(), torch.full_like(g.values(), value), g.shape,
+                                       check_invariants=True).coalesce()
 
     return job.head.weight.register_hook(hook)
 

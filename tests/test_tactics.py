@@ -229,7 +229,8 @@ def test_fixed_ops_optimizer_equals_row_blocks(optimizer, sparse, kernels, monke
         opt = make(weight, tactic)
         for _ in range(2):
             if sparse:
-                weight.grad = torch.sparse_coo_tensor(rows[None], grad, weight.shape).coalesce()
+                weight.grad = torch.sparse_coo_tensor(rows[None], grad, weight.shape,
+                                                          check_invariants=True).coalesce()
             else:
                 weight.grad = torch.zeros_like(weight).index_copy_(0, rows, grad)
             opt.step()
