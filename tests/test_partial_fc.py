@@ -425,12 +425,17 @@ def _head_batch(world: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return emb, torch.randint(0, HEAD_CLASSES, (n,), generator=g)
 
 
+def _head(margin: str, sub_centers: int, rate: float, **options) -> PartialFC:
+    """The head of a HEAD_CASES case (``options``: more PartialFC arguments), seeded as every rank seeds it."""
+    torch.manual_seed(11)
+    make = AdaFace(**ADAFACE, gradient="exact") if margin == "adaface" else ArcFace(s=16.0, margin=0.5)
+    return PartialFC(make, D, HEAD_CLASSES, sample_rate=rate, sub_centers=sub_centers, **options)
+
+
 def _head_steps(rank: int, margin: str, sub_centers: int, rate: float) -> list[dict]:
     """Two forward/backward steps of one head (no optimizer): what each step used and its gradients."""
     world = torch.distributed.get_world_size()
-    torch.manual_seed(11)
-    make = AdaFace(**ADAFACE, gradient="exact") if margin == "adaface" else ArcFace(s=16.0, margin=0.5)
-    pfc = PartialFC(make, D, HEAD_CLASSES, sample_rate=rate, sub_centers=sub_centers)
+    pfc = _head(margin, sub_centers, rate)
     steps = []
     for step in range(2):
         emb, labels = _head_batch(world, step)
@@ -547,9 +552,7 @@ def _update_all_head_steps(rank: int, margin: str, sub_centers: int, rate: float
     between the steps, as ``zero_grad(set_to_none=True)``: on a CPU the second step writes its gradient into the
     first one's memory (the head keeps it), so rows it did not sample must be cleared there."""
     world = torch.distributed.get_world_size()
-    torch.manual_seed(11)
-    make = AdaFace(**ADAFACE, gradient="exact") if margin == "adaface" else ArcFace(s=16.0, margin=0.5)
-    pfc = PartialFC(make, D, HEAD_CLASSES, sample_rate=rate, sub_centers=sub_centers, tactic=tactic, update="all")
+    pfc = _head(margin, sub_centers, rate, tactic=tactic, update="all")
     drawn: list[torch.Tensor] = []
     sample = pfc._sample
     pfc._sample = lambda *args, **kwargs: drawn.append(sample(*args, **kwargs).clone()) or drawn[-1]
@@ -688,16 +691,22 @@ def test_target_logits_are_the_margin_s_target_column():
 @pytest.mark.parametrize("tactic", ["row_blocks", "fixed_ops"])
 def test_fused_head_loss_does_not_saturate(margin, tactic, monkeypatch):
     """README: the loss is never the log of a clamped probability, so it never saturates, also through the default
-    fused head (_MarginSoftmax, whose compiled CPU loops, row_blocks, clamp exp's argument at -87). s = 64; every embedding lies near the centre of a wrong
-    class whose centre is opposite the target's (cos ≈ +1 there, ≈ -1 on the target), so each sample's loss is
-    above 100 (CosFace ≈ 64·1 + 64·1.4, ArcFace ≈ 64·1 + 64·cos(0.5)): well past -log(e^-87) ≈ 87.3, where a loss
-    computed from a clamped or underflowed target probability would stop. Loss, embedding and weight gradients
-    against a float64 reference written out here."""
+    fused head (_MarginSoftmax, whose compiled CPU loops, row_blocks, clamp exp's argument at -87). s = 64; every
+    embedding lies near the centre of a wrong class whose centre is opposite the target's (cos ≈ +1 there, ≈ -1 on
+    the target), so each sample's loss is above 100 (CosFace ≈ 64·1 + 64·1.4, ArcFace ≈ 64·1 + 64·cos(0.5)): well
+    past -log(e^-87) ≈ 87.3, where a loss computed from a clamped or underflowed target probability would stop.
+    Loss, embedding and weight gradients against a float64 reference written out here."""
     s, m = 64.0, (0.4 if margin == "cosface" else 0.5)
     calls = []
+
+    def recorded(name, real):
+        def call(*args):
+            calls.append(name)
+            return real(*args)
+        return call
+
     for name in ("softmax_forward", "softmax_backward"):  # prove the compiled loops ran (row_blocks)
-        real = getattr(cpu_kernels, name)
-        monkeypatch.setattr(cpu_kernels, name, lambda *a, _real=real, _name=name: (calls.append(_name), _real(*a))[1])
+        monkeypatch.setattr(cpu_kernels, name, recorded(name, getattr(cpu_kernels, name)))
     g = torch.Generator().manual_seed(4)
     classes, dim, batch = 40, 16, 7  # 40 columns: the loops' 16-wide blocks and their scalar tail
     half = F.normalize(torch.randn(classes // 2, dim, generator=g))

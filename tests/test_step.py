@@ -372,11 +372,11 @@ def _grads_at_the_update(rank: int, world_size: int, clip: float) -> dict:
 
     def record(name, params):
         def hook(opt, args, kwargs) -> None:
-            seen[name] = [p.grad.to_dense().clone() for p in params()]
+            seen[name] = [p.grad.to_dense().clone() for p in params]
         return hook
 
-    job.opt_backbone.register_step_pre_hook(record("backbone", lambda: [p for p in job.backbone.parameters()]))
-    job.opt_head.register_step_pre_hook(record("head", lambda: [job.head.weight]))
+    job.opt_backbone.register_step_pre_hook(record("backbone", list(job.backbone.parameters())))
+    job.opt_head.register_step_pre_hook(record("head", [job.head.weight]))
     assert trainer.optimizer_step(job, TrainState(), _batch(rank, 0)) is not None
     return seen
 
