@@ -73,6 +73,24 @@ def test_explicit_resume_continues_a_longer_schedule_with_a_lower_lr_and_another
     assert find_latest(output) == step_dir(output, 20)
 
 
+def test_explicit_resume_extends_an_epoch_schedule_and_its_warm_up(tmp_path):
+    # 64 images of 8 per step: 8 steps per epoch; 2 epochs with 1 of warm-up, checkpoints at each epoch's end.
+    epochs = ("max_steps=0", "num_image=64", "save_every_steps=0", "keep_checkpoints=5", "frequent=1")
+    output = tmp_path / "run"
+    train(CONFIG, output, *epochs, "num_epoch=2", "warmup_epoch=1")
+    assert list_checkpoints(output) == [step_dir(output, 8), step_dir(output, 16)]
+    shutil.rmtree(step_dir(output, 16))  # as if the job had died in its second epoch
+    proc = train(CONFIG, output, *epochs, "num_epoch=4", "warmup_epoch=2", "--resume")
+    warning = [line for line in proc.stdout.splitlines() if "with a changed config" in line]
+    assert len(warning) == 1 and "num_epoch 2 → 4" in warning[0] and "warmup_epoch 1 → 2" in warning[0], proc.stdout
+    lrs = logged_lrs(output)
+    assert min(s for s in lrs if lrs[s][0] == 32) == 9 and max(lrs) == 32  # from the saved step to 4 epochs
+    assert float(lrs[9][1]) == pytest.approx(0.1 * 8 / 16, abs=1e-7)  # step 8 is half-way through the new warm-up
+    assert float(lrs[17][1]) == pytest.approx(0.1, abs=1e-7)  # the warm-up ends after 2 epochs
+    assert float(lrs[25][1]) == pytest.approx(0.1 * (1 - 8 / 16), abs=1e-7)  # then the linear decay to step 32
+    assert find_latest(output) == step_dir(output, 32)
+
+
 def test_explicit_resume_refuses_what_cannot_continue(first_run, tmp_path):
     output = copy_run(first_run, tmp_path / "run")
     line = one_error_line(train(CONFIG, output, *RUN, "embedding_size=64", "--resume", check=False), output)
