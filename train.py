@@ -45,7 +45,8 @@ from partial_fc import PartialFC
 from utils import checkpoint
 from utils.checkpoint import TrainState
 from utils.config import Config, Derived, check_paths, check_world, data_identity, derive, fingerprint, load_config
-from utils.distributed import get_rank, get_world_size, init_process_group, pick_device, wrap_ddp
+from utils.distributed import (all_gather_sizes, collective_device, get_rank, get_world_size, init_process_group,
+                               pick_device, wrap_ddp)
 from utils.files import load_weights
 from utils.logging_setup import ProgressLog, one_line, setup_logging
 from utils.lr_scheduler import apply_lr, lr_at
@@ -266,6 +267,25 @@ def train(job: Job, state: TrainState) -> None:
 
 
 # ------------------------------ Entry point ----------------------------------------------------------------
+def check_paths_on_every_rank(cfg: Config) -> None:
+    """``check_paths`` on every rank, and agreed: each node may read its own copy of the data (a local disk), so
+    one node's paths may be wrong while another's are right. A rank whose paths are wrong raises its own
+    ``ValueError``; every other rank raises one naming those ranks, so that no rank goes on to wait in a collective
+    for ranks that have stopped. One all-gather of a flag per rank."""
+    try:
+        check_paths(cfg)
+        problem = None
+    except ValueError as exc:
+        problem = exc
+    failed = [r for r, (flag,) in enumerate(all_gather_sizes([int(problem is not None)], collective_device())) if flag]
+    if problem is not None:
+        raise problem
+    if failed:
+        ranks = f"rank {failed[0]}" if len(failed) == 1 else f"ranks {', '.join(map(str, failed))}"
+        raise ValueError(f"{ranks} cannot use the paths in the config (rec, init_backbone or resume) on their node; "
+                         f"their node's output names the path: every node needs the same dataset path")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     overrides = list(args.overrides) + (["resume=true"] if args.resume else [])
@@ -284,7 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger = setup_logging(rank, cfg.output)
         try:
             check_world(cfg, world_size)
-            check_paths(cfg)
+            check_paths_on_every_rank(cfg)
             logger.info("config %s (%d ranks, backend %s, device %s):\n%s", args.config, world_size,
                         dist.get_backend() if dist.is_initialized() else "none", device, cfg)
             job = build(cfg, rank, world_size, device, logger)
@@ -293,8 +313,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             logger.error("%s", exc)
             return 3
         except ValueError as exc:  # a mistake in the config, the data or the folder: one line, once, exit 2
-            if rank == 0:  # every rank meets it (they read the same config, data and folder); rank 0 says it
+            # Every rank meets it (they read the same config, data and folder): rank 0 says it, in training.log
+            # too; the first rank of each other node says it on stderr, as that node's output.
+            if rank == 0:
                 logger.error("%s", one_line(exc))
+            elif os.environ.get("LOCAL_RANK", "0") == "0":
+                print(f"train.py: rank {rank}: {one_line(exc)}", file=sys.stderr)
             return 2
         if job.writer is not None:
             job.writer.close()

@@ -64,6 +64,28 @@ def train(config: str, output: Path, *sets: str, nproc: int = 1, timeout: float 
     return proc
 
 
+def two_nodes(config: str, output: Path, sets0: tuple[str, ...], sets1: tuple[str, ...],
+              timeout: float = 240) -> list[tuple[int, str]]:
+    """Two torchrun processes (``--nnodes=2``, one rank each, c10d rendezvous on 127.0.0.1) started through
+    ``scripts/dist.sh --run``, as a user starts one per node; node ``r`` gets ``output`` and ``sets<r>`` as
+    ``--set`` pairs. Returns ``(exit code, stdout and stderr)`` per node."""
+    port = free_port()
+    nodes = [subprocess.Popen(["bash", "scripts/dist.sh", "--nnodes", "2", "--nproc", "1", "--master-addr",
+                               "127.0.0.1", "--master-port", str(port), "--node-rank", str(r), "--run", config,
+                               "--set", f"output={output}", *sets],
+                              cwd=ROOT, env={**subprocess_env(), "PYTHON": sys.executable}, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+             for r, sets in enumerate((sets0, sets1))]
+    outs = []
+    try:
+        for node in nodes:
+            outs.append(node.communicate(timeout=timeout)[0])
+    finally:
+        for node in nodes:
+            node.kill()
+    return [(node.returncode, out) for node, out in zip(nodes, outs)]
+
+
 def logged_losses(output: Path) -> dict[int, str]:
     """{step: loss as logged} from output/training.log (one entry per logged step; the last run wins)."""
     losses: dict[int, str] = {}

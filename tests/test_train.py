@@ -12,7 +12,7 @@ import torch
 from utils.checkpoint import TrainState
 from utils.distributed import free_port, run_on_local_ranks
 from tests.helpers import (FIXTURES, ROOT, copy_checkpoints_until, load_model, logged_losses, max_difference,
-                           subprocess_env, tiny_job, train)
+                           subprocess_env, tiny_job, train, two_nodes)
 
 CONFIG = "configs/debug_cpu"
 # 16 optimizer steps on 2 ranks (one epoch of 256 images at 8 per rank), checkpoints every 4, all kept.
@@ -74,24 +74,11 @@ def test_two_node_launch_trains_like_one_node(two_rank_run, tmp_path):
     """Two torchrun processes (--nnodes=2, one rank each, c10d rendezvous on 127.0.0.1) started through
     scripts/dist.sh --run, as a user starts one per node."""
     output = tmp_path / "two_nodes"
-    port = free_port()
-    nodes = [subprocess.Popen(["bash", "scripts/dist.sh", "--nnodes", "2", "--nproc", "1", "--master-addr",
-                               "127.0.0.1", "--master-port", str(port), "--node-rank", str(r), "--run", CONFIG,
-                               "--set", f"output={output}", *RUN],
-                              cwd=ROOT, env={**subprocess_env(), "PYTHON": sys.executable}, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
-             for r in (0, 1)]
-    outs = []
-    try:
-        for node in nodes:
-            outs.append(node.communicate(timeout=240)[0])
-    finally:
-        for node in nodes:
-            node.kill()
-    assert [n.returncode for n in nodes] == [0, 0], "\n".join(o[-3000:] for o in outs)
+    nodes = two_nodes(CONFIG, output, RUN, RUN)
+    assert [code for code, _ in nodes] == [0, 0], "\n".join(out[-3000:] for _, out in nodes)
     got, want = logged_losses(output), logged_losses(two_rank_run)
     assert got == want, (f"two-node losses differ at steps {[s for s in want if got.get(s) != want[s]]}: "
-                         f"{got} vs {want}\n" + outs[0][-3000:])
+                         f"{got} vs {want}\n" + nodes[0][1][-3000:])
     assert max_difference(load_model(two_rank_run), load_model(output)) <= 1e-6
 
 

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from tests.helpers import ROOT, subprocess_env, torchrun_command, train
+from tests.helpers import ROOT, subprocess_env, torchrun_command, train, two_nodes
 
 CASES = {
     "unknown_key": ("sample_rat=0.5", r"sample_rat.*'sample_rate'"),
@@ -63,3 +63,23 @@ def test_a_config_mistake_under_torchrun_is_said_once_and_not_logged(tmp_path):
     assert len(hits) == 1, out[-3000:]
     assert 'train.py", line' not in out, out[-3000:]
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_dataset_missing_on_one_node_stops_every_node_with_its_line(tmp_path):
+    """Nodes may each read their own copy of the data: node 1's is missing. That node names its path on its own
+    output, the other names the rank (the rendezvous decides which node holds rank 0; rank 0's line is also in
+    training.log), and neither waits in a collective for the other."""
+    output = tmp_path / "out"
+    (code0, out0), (code1, out1) = two_nodes("configs/debug_cpu", output, ("max_steps=4",),
+                                             ("max_steps=4", "rec=/nonexistent/faces"), timeout=120)
+    assert code0 != 0 and code1 != 0, out0[-3000:] + out1[-3000:]
+    missing = [line for line in error_lines(out1) if "rec = '/nonexistent/faces': no such folder" in line]
+    assert len(missing) == 1, out1[-3000:]
+    other = [line for line in error_lines(out0) if re.search(r"rank 1 cannot use the paths .*same dataset path", line)]
+    rank0 = [line for line in error_lines(out0) if re.search(r"rank 0 cannot use the paths", line)]
+    assert (len(other), len(rank0)) in ((1, 0), (0, 1)), out0[-3000:]
+    assert ("no such folder" if rank0 else "cannot use the paths") in (output / "training.log").read_text()
+    for out in (out0, out1):
+        assert 'train.py", line' not in out, out[-3000:]
