@@ -51,6 +51,7 @@ from utils.files import load_weights
 from utils.logging_setup import ProgressLog, one_line, setup_logging
 from utils.lr_scheduler import apply_lr, lr_at
 from utils.precision import LossScaler, NonFiniteLossError, autocast, configure_tf32, nonfinite_parts
+from utils.wandb_run import ScalarWriters, WandbWriter, check_installed, start_run
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -82,7 +83,8 @@ class Job:
     autocast_dtype: torch.dtype | None
     loader: FaceDataLoader | DaliLoader | None
     logger: logging.Logger
-    writer: "SummaryWriter | None" = None  # noqa: F821 (tensorboard is imported lazily, on rank 0)
+    writer: ScalarWriters | None = None  # rank 0: TensorBoard, and the wandb run once it starts
+    wandb: WandbWriter | None = None  # rank 0 with using_wandb = True, once the run has started
     callback: CallbackVerification | None = None
     output: Path = Path(".")
     fingerprint: str = ""  # of the config and the data's identity: what a checkpoint must match to auto-resume
@@ -150,7 +152,7 @@ def build(cfg: Config, rank: int, world_size: int, device: torch.device, logger:
     if rank == 0:
         from torch.utils.tensorboard import SummaryWriter
 
-        writer = SummaryWriter(log_dir=str(output / "tensorboard"))
+        writer = ScalarWriters(SummaryWriter(log_dir=str(output / "tensorboard")))
     autocast_dtype = torch.float16 if cfg.fp16 else torch.bfloat16 if cfg.bf16 else None
     callback = None
     if cfg.val_targets and cfg.rec != "synthetic":
@@ -258,6 +260,8 @@ def train(job: Job, state: TrainState) -> None:
             if epoch_end or state.step == d.total_steps or (
                     cfg.save_every_steps and state.step % cfg.save_every_steps == 0):
                 checkpoint.save_run(job, state, logger)
+                if job.wandb is not None and cfg.save_artifacts and (epoch_end or state.step == d.total_steps):
+                    job.wandb.log_model(job.output / "model.pt", state.epoch, state.step)
             if epoch_end:
                 break
     if progress is not None:
@@ -267,13 +271,16 @@ def train(job: Job, state: TrainState) -> None:
 
 
 # ------------------------------ Entry point ----------------------------------------------------------------
-def check_paths_on_every_rank(cfg: Config) -> None:
-    """``check_paths`` on every rank, and agreed: each node may read its own copy of the data (a local disk), so
-    one node's paths may be wrong while another's are right. A rank whose paths are wrong raises its own
-    ``ValueError``; every other rank raises one naming those ranks, so that no rank goes on to wait in a collective
-    for ranks that have stopped. One all-gather of a flag per rank."""
+def check_on_every_rank(cfg: Config, rank: int) -> None:
+    """``check_paths`` on every rank (and, on rank 0, that wandb is installed when ``using_wandb``), agreed: each
+    node may read its own copy of the data (a local disk), so one node's paths may be wrong while another's are
+    right. A rank that finds a problem raises its own ``ValueError``; every other rank raises one naming those
+    ranks, so that no rank goes on to wait in a collective for ranks that have stopped. One all-gather of a flag
+    per rank."""
     try:
         check_paths(cfg)
+        if rank == 0:
+            check_installed(cfg)
         problem = None
     except ValueError as exc:
         problem = exc
@@ -282,8 +289,9 @@ def check_paths_on_every_rank(cfg: Config) -> None:
         raise problem
     if failed:
         ranks = f"rank {failed[0]}" if len(failed) == 1 else f"ranks {', '.join(map(str, failed))}"
-        raise ValueError(f"{ranks} cannot use the paths in the config (rec, init_backbone or resume) on their node; "
-                         f"their node's output names the path: every node needs the same dataset path")
+        raise ValueError(f"{ranks} cannot use the paths in the config (rec, init_backbone or resume) or lack a "
+                         f"package on their node; their node's output names it: every node needs the same dataset "
+                         f"path")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -302,13 +310,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         rank, world_size = get_rank(), get_world_size()
         logger = setup_logging(rank, cfg.output)
+        job = None
         try:
             check_world(cfg, world_size)
-            check_paths_on_every_rank(cfg)
+            check_on_every_rank(cfg, rank)
             logger.info("config %s (%d ranks, backend %s, device %s):\n%s", args.config, world_size,
                         dist.get_backend() if dist.is_initialized() else "none", device, cfg)
             job = build(cfg, rank, world_size, device, logger)
-            train(job, checkpoint.resume(job, job.derived.steps_per_epoch, logger))
+            state = checkpoint.resume(job, job.derived.steps_per_epoch, logger)
+            if rank == 0 and job.cfg.using_wandb:  # once the run knows where it resumes, which it may refuse
+                job.wandb = start_run(job.cfg, job.output, logger)
+                if job.wandb is not None:
+                    job.writer.add(job.wandb)
+            train(job, state)
         except NonFiniteLossError as exc:
             logger.error("%s", exc)
             return 3
@@ -320,8 +334,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             elif os.environ.get("LOCAL_RANK", "0") == "0":
                 print(f"train.py: rank {rank}: {one_line(exc)}", file=sys.stderr)
             return 2
-        if job.writer is not None:
-            job.writer.close()
+        finally:  # TensorBoard's last events flushed, the wandb run finished, whether training ended or stopped
+            if job is not None and job.writer is not None:
+                job.writer.close()
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

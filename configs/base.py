@@ -146,6 +146,28 @@ config.val_targets = ["lfw", "cfp_fp", "agedb_30"]
 config.verbose = 2000
 # Log loss, throughput and learning rate every this many optimizer steps; >= 1.
 config.frequent = 10
+# Weights & Biases (arcface_torch's keys): rank 0 also logs to a wandb run, in <output>/wandb. Needs the optional
+# wandb package (pip install wandb); WANDB_MODE=offline logs without a network (wandb sync uploads later). A run
+# that cannot start is one warning and training goes on.
+config.using_wandb = False
+# API key for wandb.login; None = the login wandb already has (wandb login, WANDB_API_KEY); arcface_torch's
+# placeholder of X's counts as None. Never logged nor saved in checkpoints.
+config.wandb_key = None
+# Team or user the run belongs to; None = wandb's default entity.
+config.wandb_entity = None
+# wandb project; None = wandb's default.
+config.wandb_project = None
+# The run's name is its start time (yymmdd_HHMM), then "_" and this suffix when set.
+config.suffix_run_name = None
+# Notes shown with the wandb run; None = none.
+config.notes = None
+# True: the run receives everything TensorBoard does (train/ at every progress line, val/); False: val/ only.
+config.wandb_log_all = True
+# True: every model.pt written at an epoch end or the last step becomes a new version of the run's model artifact.
+config.save_artifacts = False
+# True: a run in an output folder that already logged to wandb continues that wandb run (its id is kept in
+# <output>/wandb_run.json); False: a new wandb run each time train.py starts.
+config.wandb_resume = False
 
 # ---------------------------------------------------------------- output and checkpoints
 # Output folder (logs, model.pt, checkpoints/); None = work_dirs/<config file name without .py>.

@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 import torch
 
+from utils.config import redacted
 from utils.files import atomic_write, fsync_dir, load_tensors, save_atomic
 
 logger = logging.getLogger(__name__)
@@ -96,7 +97,8 @@ def make_common(*, state: TrainState, lr: float, backbone: Mapping[str, torch.Te
     """The rank-0 part of a checkpoint as an explicit dict.
 
     ``backbone``: the unwrapped module's state_dict (no DDP ``module.`` prefix). ``backbone_optimizer`` and
-    ``scaler``: their ``state_dict()``. ``config``: ``Config.to_dict()``. ``head_buffers``: the head's
+    ``scaler``: their ``state_dict()``. ``config``: the configuration, saved without its secret keys
+    (``redacted``). ``head_buffers``: the head's
     ``named_buffers()``, state that is not a row of the weight and is the same on every rank (AdaFace's
     running statistics of the embedding norms); saved as ``common["head_buffers"]``.
     """
@@ -104,7 +106,7 @@ def make_common(*, state: TrainState, lr: float, backbone: Mapping[str, torch.Te
         "format": FORMAT_VERSION, "step": int(state.step), "state": asdict(state),
         "lr": float(lr), "backbone": {k: v.detach().cpu() for k, v in backbone.items()},
         "backbone_optimizer": dict(backbone_optimizer), "scaler": dict(scaler), "world_size": int(world_size),
-        "num_classes": int(num_classes), "fingerprint": str(fingerprint), "config": dict(config),
+        "num_classes": int(num_classes), "fingerprint": str(fingerprint), "config": redacted(config),
         "head_buffers": {k: v.detach().cpu() for k, v in (head_buffers or {}).items()},
     }
 

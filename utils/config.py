@@ -32,9 +32,11 @@ RENAMED_CONFIGS = {"wf42m_pfc02_r50": "wf42m_pfc02_8gpus_r50_bs4k"}
 BASE_CONFIG = CONFIG_DIR / "base.py"
 
 # Keys whose default does not show their type: optional paths (None allowed) and `resume` (bool or a path).
-_OPTIONAL_STR = frozenset({"output", "init_backbone"})
+_OPTIONAL_STR = frozenset({"output", "init_backbone", "wandb_key", "wandb_entity", "wandb_project", "suffix_run_name",
+                            "notes"})
 _OPTIONAL_INT = frozenset({"num_classes", "num_image"})  # None = what the dataset holds (filled in by the trainer)
 _BOOL_OR_STR = frozenset({"resume"})
+SECRET_KEYS = frozenset({"wandb_key"})  # shown as "<hidden>" in logs and never saved (``redacted``)
 
 # Keys that do not change what the model learns: operational settings (where and how often to write, log,
 # evaluate; how many loader workers; how long to wait for peers) and settings that change speed or numerics
@@ -46,6 +48,8 @@ FINGERPRINT_EXCLUDED = frozenset({
     "output", "resume", "auto_resume", "archive_checkpoints", "save_all_states", "save_every_steps",
     "keep_checkpoints", "verbose", "frequent", "val_targets", "num_workers", "dali", "device", "channels_last",
     "compile", "compile_backend", "tf32", "dist_timeout_minutes", "max_nonfinite_steps",
+    "using_wandb", "wandb_key", "wandb_entity", "wandb_project", "suffix_run_name", "notes", "wandb_log_all",
+    "save_artifacts", "wandb_resume",
 })
 
 # Keys added after checkpoints were first written, each with the value that trains as the code did before the
@@ -168,8 +172,15 @@ class Config(Mapping):
         lines = [f"config {self._name or 'base'} ({self._source or BASE_CONFIG}); * = differs from base"]
         for key, value in self._data.items():
             mark = "*" if _freeze(defaults.get(key)) != value else " "
-            lines.append(f" {mark} {key:<{width}} : {_thaw(value)!r}")
+            shown = "<hidden>" if key in SECRET_KEYS and value is not None else repr(_thaw(value))
+            lines.append(f" {mark} {key:<{width}} : {shown}")
         return "\n".join(lines)
+
+
+def redacted(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """``cfg`` as a plain dict with every secret key that is set (``SECRET_KEYS``) written as ``"<hidden>"``: what
+    checkpoints and the wandb run receive."""
+    return {k: ("<hidden>" if k in SECRET_KEYS and v is not None else v) for k, v in dict(cfg).items()}
 
 
 @dataclass(frozen=True)
