@@ -38,11 +38,10 @@ from typing import Any, Iterator
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
 
 from bench.common import Timing, current_rss_bytes, markdown_table, peak_rss_bytes, time_call, write_json  # noqa: E402
 from utils.cpu_memory import huge_pages_env, trim_heap  # noqa: E402
-from utils.distributed import run_on_local_ranks  # noqa: E402
+from utils.distributed import barrier, run_on_local_ranks  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -176,7 +175,7 @@ def head_rank(rank: int, world_size: int, cfg: HeadConfig) -> dict[str, Any]:
             opt.zero_grad(set_to_none=True)
             embeddings.grad = None  # the backbone optimizer's zero_grad(set_to_none=True)
 
-        dist.barrier()
+        barrier()
         # The peak covers construction and the warm-up steps (at least two: the second is the steady
         # state); the floor's products run after it, so their own work memory is not counted.
         for _ in range(max(cfg.warmup, 2)):
@@ -189,9 +188,9 @@ def head_rank(rank: int, world_size: int, cfg: HeadConfig) -> dict[str, Any]:
     # wait, in the step's first collective, for another rank still in its floor.
     steps, floors = [], []
     for _ in range(cfg.repeats):
-        dist.barrier()
+        barrier()
         steps.append(time_call(step, repeats=1, warmup=0, sync=sync).median)
-        dist.barrier()
+        barrier()
         floors.append(time_call(floor, repeats=1, warmup=0, sync=sync).median if cfg.floor else 0.0)
     assert head.num_local == num_local, (head.num_local, num_local)
     out: dict[str, Any] = {"step": _timing(steps), "step_samples": steps, "peak_mem_bytes": peak,
