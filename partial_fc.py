@@ -200,8 +200,17 @@ def _cosine_products_backward(ctx, saved: tuple, scaled: Tensor, dot_w: Tensor,
     dot_e.mul_(e_ok)  # (B,) ê·∂L/∂ê
     grad_emb = grad_weight = None
     fp32 = cd == torch.float32
+    if fp32:
+        left, right = scaled, rows
+    elif cd == torch.float16:
+        # fp16's range ends at 65504: its operands are g = G·|W| (B, C) and the unit rows ŵ = W/|W| (C, D), as in
+        # a head that normalises its weight first. G itself is 1/|w| larger (~4 at initialisation with D = 512)
+        # and, carrying the loss scale, overflows steps that g does not. ∂W's product is scaled by 1/|W| after.
+        left, right = torch.div(scaled, inv_w[None, :]).to(cd), torch.mul(rows, inv_w[:, None]).to(cd)
+    else:  # bf16 has fp32's range
+        left, right = scaled.to(cd), rows.to(cd)
     if ctx.needs_input_grad[0]:
-        d_e_hat = torch.mm(scaled, rows) if fp32 else torch.mm(scaled.to(cd), rows.to(cd)).float()  # (B, D)
+        d_e_hat = torch.mm(left, right) if fp32 else torch.mm(left, right).float()  # (B, D)
         grad_emb = d_e_hat.sub_(e_hat * dot_e[:, None]).mul_(inv_e[:, None])
         if ctx.early is not None:
             ctx.early.start(grad_emb)  # the embeddings' reduce-scatter runs while the weight's gradient is computed
@@ -214,7 +223,9 @@ def _cosine_products_backward(ctx, saved: tuple, scaled: Tensor, dot_w: Tensor,
                       else _scaled_rows(rows, coef.neg_(), _dense_gradient_memory(ctx, rows.shape), ctx.tactic))
             values.addmm_(scaled.t(), e_hat)  # (C, D)
         else:
-            values = torch.mm(scaled.t().to(cd), e_hat.to(cd)).float()  # (C, D)
+            values = torch.mm(left.t(), e_hat.to(cd)).float()  # (C, D)
+            if cd == torch.float16:
+                values.mul_(inv_w[:, None])  # gᵀê back to Gᵀê
             values.addcmul_(rows, coef, value=-1.0)
         values = values.view(-1, ctx.weight_shape[1])  # (C, K·D) back to one row per class
         if index is None:
@@ -290,7 +301,8 @@ class _NormalizedLinear(torch.autograd.Function):
 
     Forward: ``cos = (emb / |emb|) @ (weight / |weight|)ᵀ``, computed as ``(ê @ Wᵀ) · diag(1/|W|)`` so the
     normalised weight is never materialised. The products run in ``compute_dtype`` (the ambient autocast
-    dtype: bf16/fp16 operands with fp32 accumulation) and everything else in fp32.
+    dtype: bf16/fp16 operands with fp32 accumulation; in fp16 the backward's are ``g`` and ``W / |W|``, which stay in
+    fp16's range where ``G`` may not) and everything else in fp32.
     Backward, with ``g = ∂L/∂cos`` and ``G = g · diag(1/|W|)``:
     ``∂L/∂W = Gᵀ ê − diag(Σ_b g⊙cos / |W|²) W`` and ``∂L/∂emb = diag(1/|e|)(G W − diag(Σ_c g⊙cos) ê)``
     (the row dots ``ŵ·∂L/∂ŵ`` equal ``Σ_b g⊙cos``, so no (C, D) temporary is needed). Rows with a norm

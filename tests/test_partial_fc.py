@@ -398,6 +398,28 @@ def test_autocast_bf16_close_to_fp32():
     assert abs(low.item() - exact.item()) < 0.05 * exact.item()
 
 
+@pytest.mark.parametrize("margin", [ArcFace(s=64.0, margin=0.5), AdaFace(s=64.0)], ids=["fused", "adaface"])
+def test_fp16_gradients_under_a_loss_scale_stay_in_range_where_the_normalised_head_s_do(margin):
+    """fp16 autocast (on the CPU here; the GPU's ``fp16 = True``) with the trainer's first loss scale, 2^16, and
+    centres of the initial size (|w| ~ 0.057 at D = 32): a head that normalised its weight first would feed fp16
+    ∂L/∂cos, in range here; ours must not feed it the 1/|w| larger ∂L/∂cos / |w|. Finite, and as fp32's to fp16's
+    rounding."""
+    torch.manual_seed(0)
+    pfc = PartialFC(margin, 32, 200, sample_rate=0.5)  # weights drawn as the trainer's, 0.01 · N(0, 1)
+    emb, labels = torch.randn(256, 32), torch.randint(0, 200, (256,))  # ∂L/∂cos at most ~s / B · 2^16 = 2^14
+    grads = []
+    for dtype in (None, torch.float16):
+        pfc.weight.grad, x = None, emb.clone().requires_grad_()
+        torch.manual_seed(1)  # the same sampled classes
+        with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
+            loss = pfc(x, labels)
+        (loss * 2.0 ** 16).backward()
+        grads.append((x.grad, pfc.weight.grad.to_dense()))
+    (emb_32, w_32), (emb_16, w_16) = grads
+    assert torch.isfinite(emb_16).all() and torch.isfinite(w_16).all()
+    assert (emb_16 - emb_32).norm() <= 5e-3 * emb_32.norm() and (w_16 - w_32).norm() <= 5e-3 * w_32.norm()
+
+
 def test_loaded_optimizer_state_follows_the_parameter_device():
     """torch's load_state_dict leaves a ``step`` tensor where it was loaded from; ours moves every row-wise
     state tensor to the parameter (a CPU-saved state must work on a CUDA head; here: the meta device)."""
