@@ -45,6 +45,7 @@ TARGET_R50_IMAGES_PER_S = 5000.0
 TARGET_HEAD_RATIO = 1.3
 TRAIN_STEPS = 300
 FP16_SETTLE_STEPS = 20
+FP16_GROWTH_INTERVAL = 100  # utils.precision.LossScaler's growth_interval, the trainer's
 
 
 def run_command(cmd: list[str], timeout: float, env: dict[str, str]) -> tuple[int, str, float]:
@@ -97,17 +98,23 @@ def parse_training_log(text: str) -> dict[str, Any]:
 
 def judge_training(parsed: dict[str, Any], dtype: str) -> tuple[bool, str]:
     """Pass when the run finished, the mean loss of the last fifth is below the first fifth's, and no step
-    was skipped (fp16: only in the first FP16_SETTLE_STEPS, while the loss scale settles)."""
+    was skipped. fp16 may skip while its loss scale settles (the first FP16_SETTLE_STEPS) and, after that,
+    once per growth: the scale doubles after FP16_GROWTH_INTERVAL good steps in a row and may overflow right
+    then, so a later skip passes when the previous skip is at least that many steps before it (two closer
+    together mean the halved scale overflowed again)."""
     losses = [v for _, v in parsed["losses"]]
     if parsed["steps"] != TRAIN_STEPS or len(losses) < 5:
         return False, f"finished {parsed['steps']} of {TRAIN_STEPS} steps"
     fifth = max(1, len(losses) // 5)
     first, last = sum(losses[:fifth]) / fifth, sum(losses[-fifth:]) / fifth
-    allowed = FP16_SETTLE_STEPS if dtype == "fp16" else 0
-    late = [s for s in parsed["skipped_at"] if s >= allowed]
-    ok = last < first and not late
-    return ok, (f"loss {first:.3f} -> {last:.3f}; skipped steps {parsed['skipped_at'] or 'none'}"
-                + (f" (allowed below step {allowed})" if allowed else ""))
+    skips = parsed["skipped_at"]
+    if dtype == "fp16":
+        bad = [s for i, s in enumerate(skips)
+               if s >= FP16_SETTLE_STEPS and i > 0 and s - skips[i - 1] < FP16_GROWTH_INTERVAL]
+        rule = f" (allowed below step {FP16_SETTLE_STEPS}, then one per {FP16_GROWTH_INTERVAL} steps)"
+    else:
+        bad, rule = skips, ""
+    return last < first and not bad, f"loss {first:.3f} -> {last:.3f}; skipped steps {skips or 'none'}{rule}"
 
 
 def render(report: dict[str, Any]) -> str:

@@ -189,3 +189,45 @@ def reference_polynomial_warmup(base_lr: float, warmup: int, total: int, power: 
                 lr *= ratio ** power
         lrs.append(lr)
     return lrs
+
+
+def mixed_precision_steps(dtype: str, device: str) -> dict:
+    """The trainer's steps with ``fp16``/``bf16 = True`` on ``configs/debug_cpu``: steps until four in a row are
+    finite (with fp16 the loss scale first backs off from 2^16 until the gradients fit; at most 24 steps), then one
+    step with an inf injected into a backbone gradient. What ``check_mixed_precision_steps`` judges."""
+    import train as trainer
+    from utils.checkpoint import TrainState
+    from utils.config import load_config
+
+    cfg = load_config("configs/debug_cpu", [f"device={device}", f"{dtype}=true", "max_nonfinite_steps=24"])
+    job = trainer.build(cfg, 0, 1, torch.device(device, 0) if device == "cuda" else torch.device(device),
+                        logging.getLogger("test"))
+    job.loader.set_epoch(0)
+    batches = iter(job.loader)
+    state = TrainState()
+    losses: list[float | None] = []
+    while len(losses) < 24 and not (len(losses) >= 4 and all(v is not None for v in losses[-4:])):
+        loss = trainer.optimizer_step(job, state, [next(batches)])
+        losses.append(None if loss is None else float(loss))
+        state.step += 1
+    settled = job.scaler.scale
+    before = job.head.weight.detach().clone()
+    param = next(job.backbone.parameters())
+    handle = param.register_hook(lambda g: torch.full_like(g, float("inf")))
+    skipped = trainer.optimizer_step(job, state, [next(batches)])
+    handle.remove()
+    return dict(losses=losses, skipped=skipped, head_unchanged=torch.equal(before, job.head.weight.detach()),
+                settled=settled, scale=job.scaler.scale, embedding_dtype=job.backbone(next(batches)[0]).dtype)
+
+
+def check_mixed_precision_steps(r: dict, dtype: str) -> None:
+    """Four finite steps in a row, reached (fp16: the scale backed off at most 8 times from 2^16); an inf in a
+    backbone gradient skips the head too and (fp16) halves the settled scale; the embedding is fp32."""
+    assert len(r["losses"]) >= 4 and all(v is not None and v == v for v in r["losses"][-4:]), r["losses"]
+    assert r["skipped"] is None and r["head_unchanged"], "an inf in a backbone gradient must skip the head too"
+    assert r["embedding_dtype"] == torch.float32
+    if dtype == "fp16":
+        assert r["settled"] >= 2.0 ** 8 and r["scale"] == r["settled"] / 2, (r["settled"], r["scale"], r["losses"])
+    else:
+        assert all(v is not None for v in r["losses"]) and len(r["losses"]) == 4, r["losses"]  # bf16: nothing skips
+

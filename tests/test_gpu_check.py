@@ -45,6 +45,10 @@ def test_training_log_judgement():
     rising = gpu_check.parse_training_log(rising + "\nINFO done: 300 steps, 0 skipped")
     assert not gpu_check.judge_training(rising, "bf16")[0]
     assert not gpu_check.judge_training(gpu_check.parse_training_log("done: 120 steps, 0 skipped"), "bf16")[0]
+    # After settling, fp16 may overflow once per growth of its scale (every 100 good steps), not twice in a row.
+    for skipped_at, ok in (([3, 5, 125], True), ([3, 125, 240], True), ([3, 125, 126], False), ([125, 126], False),
+                           ([40, 90], False)):
+        assert gpu_check.judge_training({**parsed, "skipped_at": skipped_at}, "fp16")[0] == ok, skipped_at
 
 
 def test_pytest_summary_and_report():

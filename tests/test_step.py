@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.helpers import tiny_job
+from tests.helpers import check_mixed_precision_steps, mixed_precision_steps, tiny_job
 from utils.checkpoint import TrainState
 from utils.distributed import run_on_local_ranks
 
@@ -434,6 +434,13 @@ def _wire_precision(rank: int, world_size: int, fp16: bool) -> bool:
     grads = [p.grad for p in job.backbone.parameters() if p.grad is not None]
     assert grads and not any(bool(torch.isinf(x.half()).any()) for x in grads)
     return all(torch.equal(x, x.half().float()) for x in grads)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_mixed_precision_trainer_steps(dtype):
+    """The trainer's fp16 and bf16 steps through CPU autocast: what tests/test_cuda.py checks on a GPU."""
+    check_mixed_precision_steps(mixed_precision_steps(dtype, "cpu"), dtype)
 
 
 def test_fp16_compresses_the_backbones_gradient_all_reduce():
