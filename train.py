@@ -50,7 +50,7 @@ from utils.distributed import (all_gather_sizes, collective_device, get_rank, ge
 from utils.files import load_weights
 from utils.logging_setup import ProgressLog, one_line, setup_logging
 from utils.lr_scheduler import apply_lr, lr_at
-from utils.precision import LossScaler, NonFiniteLossError, autocast, configure_tf32, nonfinite_parts
+from utils.precision import LossScaler, NonFiniteLossError, autocast, configure_cuda, nonfinite_parts
 from utils.wandb_run import ScalarWriters, WandbWriter, check_installed, start_run
 
 
@@ -146,7 +146,7 @@ def build(cfg: Config, rank: int, world_size: int, device: torch.device, logger:
                      sub_centers=cfg.sub_centers, update=cfg.head_update).to(device)
     opt_backbone, opt_head = build_optimizers(cfg.optimizer, backbone.parameters(), head, cfg.lr, cfg.momentum,
                                               cfg.weight_decay)
-    configure_tf32(device, cfg.tf32)
+    configure_cuda(device, cfg.tf32, cfg.cudnn_benchmark)
     output, data = Path(cfg.output), data_identity(cfg.rec)
     writer = None
     if rank == 0:

@@ -44,7 +44,9 @@ def run(network: str, batch_size: int, device: torch.device, channels_last: bool
         network_kwargs: dict | None = None) -> dict:
     from backbones import get_model
     from backbones.flops import count_flops
+    from utils.precision import configure_cuda
 
+    configure_cuda(device, tf32=True, cudnn_benchmark=True)  # as the trainer runs with its defaults
     model = get_model(network, num_features=embedding_size, **(network_kwargs or {}))
     params, macs = count_flops(model, image_size)
     model = model.to(device)

@@ -84,6 +84,9 @@ config.bf16 = False
 # Let fp32 matrix products and convolutions use TF32 tensor cores on CUDA (faster, ~1e-3 relative rounding,
 # as most trainers do); False = full fp32. Ignored on the CPU.
 config.tf32 = True
+# cuDNN times its convolution algorithms on the first batches and keeps the fastest for each shape (the input
+# size is fixed: 112x112), as arcface_torch sets it; False = cuDNN's heuristics. Ignored on the CPU.
+config.cudnn_benchmark = True
 
 # ---------------------------------------------------------------- optimisation
 # Images per rank per forward pass (micro-batch); >= 1. Global batch = batch_size * world_size.

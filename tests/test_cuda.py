@@ -93,6 +93,8 @@ def test_one_rank_nccl_group_trains_through_train_py(tmp_path):
     log = (tmp_path / "training.log").read_text()
     assert "backend nccl" in log and "device cuda:0" in log, log[:2000]
     assert "step 20/20" in log
+    weights = torch.load(tmp_path / "model.pt", weights_only=True)  # no map_location: as on a machine without a GPU
+    assert {v.device.type for v in weights.values()} == {"cpu"}
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])

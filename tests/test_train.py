@@ -235,18 +235,21 @@ def test_ddp_wrapper_raises_no_deprecation_warning():
     assert run_on_local_ranks(_ddp_warnings, 1) == [[]]
 
 
-def test_tf32_key_sets_both_torch_switches_on_cuda_only():
-    from utils.precision import configure_tf32
+def test_tf32_and_cudnn_benchmark_keys_set_torch_s_switches_on_cuda_only():
+    from utils.precision import configure_cuda
 
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    def switches():
+        return (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
+
+    saved = switches()
     try:
-        for enabled in (False, True):
-            configure_tf32(torch.device("cuda"), enabled)
-            assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (enabled, enabled)
-        configure_tf32(torch.device("cpu"), False)  # the CPU has no TF32: left alone
-        assert torch.backends.cuda.matmul.allow_tf32
+        for tf32, benchmark in ((False, True), (True, False), (True, True)):
+            configure_cuda(torch.device("cuda"), tf32, benchmark)
+            assert switches() == (tf32, tf32, benchmark)
+        configure_cuda(torch.device("cpu"), False, False)  # the CPU has neither: left alone
+        assert switches() == (True, True, True)
     finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = saved
 
 
 def test_model_json_describes_model_pt(two_rank_run):

@@ -627,7 +627,8 @@ def save_run(job: Trainer, state: TrainState, logger: logging.Logger) -> None:
         logger.info("checkpoint %s (step %d; next: epoch %d, step %d in epoch)", path, state.step, state.epoch,
                     state.step_in_epoch)
     if job.rank == 0:
-        save_atomic(job.backbone.state_dict(), job.output / "model.pt")
+        # CPU tensors: a plain torch.load of model.pt on a machine without the GPU it was trained on works too.
+        save_atomic({k: v.detach().cpu() for k, v in job.backbone.state_dict().items()}, job.output / "model.pt")
         card = json.dumps(model_card(job.cfg, job.fingerprint, state.step), indent=1).encode()
         atomic_write(job.output / MODEL_CARD, lambda f: f.write(card))
 

@@ -47,7 +47,7 @@ SECRET_KEYS = frozenset({"wandb_key"})  # shown as "<hidden>" in logs and never 
 FINGERPRINT_EXCLUDED = frozenset({
     "output", "resume", "auto_resume", "archive_checkpoints", "save_all_states", "save_every_steps",
     "keep_checkpoints", "verbose", "frequent", "val_targets", "num_workers", "dali", "device", "channels_last",
-    "compile", "compile_backend", "tf32", "dist_timeout_minutes", "max_nonfinite_steps",
+    "compile", "compile_backend", "tf32", "cudnn_benchmark", "dist_timeout_minutes", "max_nonfinite_steps",
     "using_wandb", "wandb_key", "wandb_entity", "wandb_project", "suffix_run_name", "notes", "wandb_log_all",
     "save_artifacts", "wandb_resume",
 })

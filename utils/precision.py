@@ -27,7 +27,7 @@ from torch import Tensor
 
 from utils.distributed import all_reduce, to_host
 
-__all__ = ["AUTOCAST_DTYPES", "AutocastModule", "LossScaler", "NonFiniteLossError", "autocast", "configure_tf32",
+__all__ = ["AUTOCAST_DTYPES", "AutocastModule", "LossScaler", "NonFiniteLossError", "autocast", "configure_cuda",
            "cpu_computes_bf16", "nonfinite_parts"]
 
 # The precisions the evaluation tools accept (``--precision``) and the autocast dtype of each (None: fp32).
@@ -77,15 +77,18 @@ def cpu_computes_bf16(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> bool:
     return any(feature in words for feature in _BF16_FEATURES)
 
 
-def configure_tf32(device: torch.device, enabled: bool) -> None:
-    """Let fp32 matrix products and convolutions use TF32 tensor cores on CUDA (``enabled``), or forbid it.
+def configure_cuda(device: torch.device, tf32: bool, cudnn_benchmark: bool) -> None:
+    """On CUDA: let fp32 matrix products and convolutions use TF32 tensor cores (``tf32``) or forbid it, and
+    let cuDNN time its convolution algorithms on the first batches and keep the fastest per shape
+    (``cudnn_benchmark``) or use its heuristics.
 
     Process-wide torch settings; on the CPU they change nothing, and are left alone.
     """
     if device.type != "cuda":
         return
-    torch.backends.cuda.matmul.allow_tf32 = enabled
-    torch.backends.cudnn.allow_tf32 = enabled
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cudnn.benchmark = cudnn_benchmark
 
 
 class LossScaler:
