@@ -61,7 +61,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="override config keys; may be repeated: --set lr=0.1 batch_size=64 --set seed=1")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the newest complete checkpoint in `output` (same as resume=True)")
-    return parser.parse_args(argv)
+    parser.add_argument("--local-rank", "--local_rank", type=int, default=None,
+                        help="accepted for `python -m torch.distributed.launch`, which passes it; the rank's GPU "
+                             "comes from the LOCAL_RANK variable, which torchrun and the launcher set")
+    args = parser.parse_args(argv)
+    if args.local_rank is not None:
+        os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
+    return args
 
 
 # ------------------------------ Build ----------------------------------------------------------------------

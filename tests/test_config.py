@@ -82,6 +82,18 @@ def test_unknown_key_suggestion(tmp_path):
         load_config(write_cfg(tmp_path, "config.num_clases = 10\n"))
 
 
+@pytest.mark.parametrize("key,value,hint", [
+    ("loss", "'cosface'", r"older `loss` is margin_list here .*'cosface' = \(1.0, 0.0, 0.4\)"),
+    ("decay_epoch", "[10, 16, 22]", r"older step decay is not used: .*polynomially .*remove the key"),
+    ("dataset", "'emore'", r"older `dataset` name is not used: `rec` names"),
+])
+def test_arcface_torch_s_former_keys_say_what_replaced_them(tmp_path, key, value, hint):
+    with pytest.raises(ValueError, match=rf"unknown key '{key}'; arcface_torch's {hint}"):
+        load_config(write_cfg(tmp_path, f"config.{key} = {value}\n"))
+    with pytest.raises(ValueError, match=rf"--set '{key}=x': unknown key '{key}'; arcface_torch's {hint}"):
+        load_config("configs/debug_cpu", [f"{key}=x"])
+
+
 @pytest.mark.parametrize("body,needle", [
     ("config.batch_size = 12.5\n", "batch_size"),
     ("config.batch_size = True\n", "batch_size"),  # bool is not an int here

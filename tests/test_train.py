@@ -82,6 +82,21 @@ def test_two_node_launch_trains_like_one_node(two_rank_run, tmp_path):
     assert max_difference(load_model(two_rank_run), load_model(output)) <= 1e-6
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_torch_distributed_launch_and_its_local_rank_argument_are_accepted(tmp_path):
+    """arcface_torch's speed benchmark starts ``python -m torch.distributed.launch``, which passes
+    ``--local-rank=N``; ``--local_rank`` is its older spelling."""
+    launch = [sys.executable, "-m", "torch.distributed.launch", "--nproc_per_node=1", "--master_addr=127.0.0.1",
+              f"--master_port={free_port()}", "train.py", CONFIG, "--set", f"output={tmp_path / 'launch'}",
+              "max_steps=2", "frequent=1"]
+    proc = subprocess.run(launch, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert sorted(logged_losses(tmp_path / "launch")) == [1, 2]
+    plain = train(CONFIG, tmp_path / "plain", "max_steps=2", "frequent=1", "--local_rank", "0")
+    assert "step 2/2" in plain.stdout
+
+
 def test_train_cli_rejects_a_misspelt_key_with_a_suggestion(tmp_path):
     proc = train(CONFIG, tmp_path, "momentun=0.8", check=False, timeout=120)
     assert proc.returncode == 2

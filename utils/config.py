@@ -29,6 +29,14 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO_ROOT / "configs"
 # Recipes arcface_torch renamed: the old name is answered with the new one (not the closest spelling).
 RENAMED_CONFIGS = {"wf42m_pfc02_r50": "wf42m_pfc02_8gpus_r50_bs4k"}
+# Keys of arcface_torch's older configs (before train_v2.py), answered with what replaced them.
+FORMER_KEYS = {
+    "loss": "arcface_torch's older `loss` is margin_list here (m1, m2, m3): 'arcface' = (1.0, 0.5, 0.0), "
+            "'cosface' = (1.0, 0.0, 0.4)",
+    "decay_epoch": "arcface_torch's older step decay is not used: the LR warms up for warmup_epoch, then decays "
+                   "polynomially to 0 (lr_power), as arcface_torch's train_v2.py; remove the key",
+    "dataset": "arcface_torch's older `dataset` name is not used: `rec` names the dataset's folder",
+}
 BASE_CONFIG = CONFIG_DIR / "base.py"
 
 # Keys whose default does not show their type: optional paths (None allowed) and `resume` (bool or a path).
@@ -251,6 +259,8 @@ def resolve_config_path(path_or_name: str) -> Path:
 
 
 def _suggest(key: str, valid: Mapping[str, Any] | Sequence[str]) -> str:
+    if key in FORMER_KEYS:
+        return f"; {FORMER_KEYS[key]}"
     close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.5)
     return f"; did you mean {close[0]!r}?" if close else ""
 

@@ -112,11 +112,13 @@ def _unpickler_detail(exc: BaseException) -> str:
 
 
 def load_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """The state_dict in ``path``; a checkpoint dict holding it under "backbone" is accepted too, and a DDP
-    ``module.`` prefix is removed."""
+    """The state_dict in ``path``; a checkpoint dict holding it under "backbone" (ours) or "state_dict_backbone"
+    (arcface_torch's ``checkpoint_gpu_<rank>.pt``) is accepted too, and a DDP ``module.`` prefix is removed."""
     state = load_tensors(path)
-    if isinstance(state, dict) and "backbone" in state and isinstance(state["backbone"], dict):
-        state = state["backbone"]
+    for key in ("backbone", "state_dict_backbone"):
+        if isinstance(state, dict) and isinstance(state.get(key), dict):
+            state = state[key]
+            break
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ValueError(f"{path}: expected a state_dict (a dict of tensors), got {type(state).__name__}")
     if state and all(k.startswith("module.") for k in state):

@@ -164,6 +164,27 @@ def test_mistakes_found_while_building_are_one_line(small_faces, tmp_path, setti
     assert message in line, line
 
 
+def test_init_backbone_starts_from_our_model_pt_or_arcface_torch_s_checkpoint(first_run, tmp_path):
+    """Fine-tuning: the backbone starts from ``model.pt``, or from arcface_torch's ``checkpoint_gpu_0.pt`` (its
+    ``state_dict_backbone``); with an LR of 1e-12 one step leaves the weights where they started. A folder holding
+    only arcface_torch's checkpoint cannot be resumed: the line says to start from it with init_backbone."""
+    weights = load_model(first_run)
+    arcface = tmp_path / "arcface_run" / "checkpoint_gpu_0.pt"
+    arcface.parent.mkdir()
+    torch.save({"epoch": 1, "global_step": 12, "state_dict_backbone": weights,
+                "state_dict_softmax_fc": {"weight": torch.zeros(64, 32)},
+                "state_optimizer": {"state": {}, "param_groups": [{"lr": 0.1, "params": [0]}]},
+                "state_lr_scheduler": {"last_epoch": 12, "base_lrs": [0.1]}}, arcface)
+    learned = [k for k in weights if "running" not in k and "num_batches" not in k]  # BN statistics move in any step
+    for source, name in ((first_run / "model.pt", "ours"), (arcface, "arcface")):
+        output = tmp_path / name
+        train(CONFIG, output, f"init_backbone={source}", "max_steps=1", "lr=1e-12", "frequent=1")
+        started = load_model(output)
+        assert max(float((started[k] - weights[k]).abs().max()) for k in learned) < 1e-6, name
+    line = one_error_line(train(CONFIG, arcface.parent, "resume=true", check=False), arcface.parent)
+    assert "checkpoint_gpu_0.pt is arcface_torch's checkpoint" in line and f"init_backbone={arcface}" in line
+
+
 def test_a_bad_init_backbone_file_is_one_line(tmp_path):
     weights = tmp_path / "model.pt"
     torch.save({"conv1.weight": torch.zeros(3)}, weights)
