@@ -2,6 +2,13 @@
 
     python scripts/make_rec.py --images faces/ --out data/my_rec        # faces/<identity>/<image>.jpg
     python scripts/make_rec.py --list train.lst --out data/my_rec       # lines: path<TAB>label
+    python scripts/make_rec.py --list train.lst --root faces/ --out data/my_rec  # MXNet im2rec's .lst
+
+A list file holds one of two kinds of line, one kind per file: ``path<TAB>label`` with an integer label, or
+the ``index<TAB>label<TAB>path`` that MXNet's ``im2rec --list`` writes (arcface_torch's custom-dataset
+recipe), whose label may be written as a float equal to an integer (``12.000000``); the index is ignored.
+Labels must be >= 0. Relative paths are resolved against --root (default: the list file's folder).
+Either way records are written grouped by label, ascending, and by path within a label.
 
 Every image is decoded first, with the decoder the trainer uses; then the good ones are written (each
 file is read twice). Images are stored as their original bytes and re-encoded (JPEG, quality 95) only
@@ -26,6 +33,7 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import re
 import shutil
 import signal
 import sys
@@ -90,26 +98,53 @@ def list_image_folder(root: Path) -> Source:
     return Source(items, folders)
 
 
-def read_list_file(path: Path) -> Source:
-    """``(path, label)`` from lines ``path<TAB>label``; relative paths are relative to the list file."""
+LIST_FORMATS = "'path<TAB>label' or im2rec's 'index<TAB>label<TAB>path' lines"
+TWO_FIELDS, IM2REC = "a 'path<TAB>label'", "an im2rec 'index<TAB>label<TAB>path'"  # "line 3 is <format> line"
+_INTEGER = re.compile(r"[0-9]+")
+_IM2REC_LABEL = re.compile(r"[0-9]+(\.0*)?")  # im2rec writes labels with '%f': 12.000000
+
+
+def _parse_list_line(line: str) -> tuple[str, int, str] | None:
+    """``(image path, label, TWO_FIELDS or IM2REC)`` of one list line; None when it is neither."""
+    fields = line.split("\t")
+    if len(fields) == 2 and _INTEGER.fullmatch(fields[1].strip()):
+        return fields[0], int(fields[1]), TWO_FIELDS
+    if len(fields) == 3 and _INTEGER.fullmatch(fields[0].strip()) and _IM2REC_LABEL.fullmatch(fields[1].strip()):
+        return fields[2], int(fields[1].strip().split(".")[0]), IM2REC
+    return None
+
+
+def read_list_file(path: Path, root: Path | None = None) -> Source:
+    """``(path, label)`` from lines ``path<TAB>label`` or im2rec's ``index<TAB>label<TAB>path`` (one kind per
+    file); relative paths are relative to ``root``, by default the list file's folder."""
     if (problem := path_problem(path)) is not None:
         raise FileNotFoundError(f"list file {path} {'does not exist' if problem == 'not found' else problem}")
+    if root is None:
+        root = path.parent
+    elif (problem := path_problem(root, folder=True)) is not None:
+        raise FileNotFoundError(f"--root {root} {'does not exist' if problem == 'not found' else problem}")
     items = []
     try:
         text = path.read_text()
     except UnicodeDecodeError as exc:
-        raise ValueError(f"{path}: not a text list of 'path<TAB>label' lines ({exc})") from None
+        raise ValueError(f"{path}: not a text list of {LIST_FORMATS} ({exc})") from None
+    first: tuple[int, str] | None = None  # (line number, format) of the first line
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
-        fields = line.split("\t")
-        if len(fields) != 2 or not fields[1].strip().isdigit():
-            raise ValueError(f"{path}: line {lineno} is {line[:80]!r}; expected 'path<TAB>label' with an integer "
-                             f"label >= 0")
-        p = Path(fields[0])
-        items.append((p if p.is_absolute() else path.parent / p, int(fields[1])))
+        if (parsed := _parse_list_line(line)) is None:
+            raise ValueError(f"{path}: line {lineno} is {line[:80]!r}; expected {LIST_FORMATS} with a label that "
+                             f"is an integer >= 0 (im2rec's 12.000000 is 12)")
+        image, label, fmt = parsed
+        if first is None:
+            first = lineno, fmt
+        elif fmt != first[1]:
+            raise ValueError(f"{path}: line {lineno} is {fmt} line but line {first[0]} is {first[1]} line; use one "
+                             f"format per file")
+        p = Path(image)
+        items.append((p if p.is_absolute() else root / p, label))
     if not items:
-        raise ValueError(f"{path}: no 'path<TAB>label' lines")
+        raise ValueError(f"{path}: no {LIST_FORMATS}")
     return Source(items)
 
 
@@ -256,7 +291,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--images", type=Path, help="folder with one sub-folder of images per identity")
-    src.add_argument("--list", type=Path, help="text file of 'path<TAB>label' lines")
+    src.add_argument("--list", type=Path,
+                     help="text file of 'path<TAB>label' lines or of im2rec's 'index<TAB>label<TAB>path' lines "
+                          "(label 12 or 12.000000); one format per file, mixed files are refused")
+    parser.add_argument("--root", type=Path, default=None, metavar="DIR",
+                        help="with --list: the folder relative image paths start from (default: the list "
+                             "file's folder); im2rec lists are relative to the root given to im2rec")
     parser.add_argument("--out", type=Path, required=True, help="output folder (train.rec, train.idx, property)")
     parser.add_argument("--num-classes", type=int, default=None,
                         help="default: the number of identity folders kept, or the largest label + 1")
@@ -267,10 +307,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.num_classes is not None and args.num_classes < 1:
         parser.error(f"--num-classes must be >= 1, got {args.num_classes}")
+    if args.root is not None and args.list is None:
+        parser.error("--root goes with --list (an --images folder holds its own paths)")
     if min(args.image_size) < 1:
         parser.error(f"--image-size must be two sizes >= 1, got {args.image_size[0]} {args.image_size[1]}")
     try:
-        source = list_image_folder(args.images) if args.images else read_list_file(args.list)
+        source = list_image_folder(args.images) if args.images else read_list_file(args.list, args.root)
         report = make_rec(source, args.out, args.num_classes, tuple(args.image_size), args.skip_bad)
     except BadData as exc:
         print_tool_error("make_rec", exc)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -78,6 +79,54 @@ def test_make_rec_list_file_and_errors(tmp_path, capsys):
     assert "bad.lst: line 1 is 'a.jpg 1'" in capsys.readouterr().err
 
 
+
+def _rec_files(folder):
+    return {name: (folder / name).read_bytes() for name in ("train.rec", "train.idx", "property")}
+
+
+def test_make_rec_reads_im2rec_lists_with_float_labels_and_root(tmp_path, capsys):
+    """arcface_torch's recipe: ``python -m mxnet.tools.im2rec --list --recursive train <root>`` writes
+    ``index<TAB>label<TAB>path`` lines, labels as ``%f``, paths relative to <root>, not to the list."""
+    faces = tmp_path / "faces"
+    names = [f"{who}/{i}.jpg" for who in ("amy", "bob", "cat") for i in range(2)]
+    for seed, name in enumerate(names):
+        (faces / name).parent.mkdir(parents=True, exist_ok=True)
+        (faces / name).write_bytes(_image(seed))
+    labels = {name: "amy bob cat".split().index(name.split("/")[0]) for name in names}
+    (faces / "two.lst").write_text("".join(f"{name}\t{labels[name]}\n" for name in names))
+    assert make_rec_main(["--list", str(faces / "two.lst"), "--out", str(tmp_path / "two")]) == 0
+    (tmp_path / "lists").mkdir()
+    shuffled = [names[i] for i in (3, 0, 5, 1, 4, 2)]  # im2rec shuffles; the written order is by label, path
+    (tmp_path / "lists" / "train.lst").write_text(
+        "".join(f"{index}\t{labels[name]:f}\t{name}\n" for index, name in enumerate(shuffled)))
+    assert make_rec_main(["--list", str(tmp_path / "lists" / "train.lst"), "--root", str(faces),
+                          "--out", str(tmp_path / "im2rec")]) == 0
+    assert "wrote 6 images of 3 classes" in capsys.readouterr().out
+    assert _rec_files(tmp_path / "im2rec") == _rec_files(tmp_path / "two")
+    # Without --root the paths are relative to the list's folder, as for path<TAB>label lists.
+    shutil.copy(tmp_path / "lists" / "train.lst", faces / "train.lst")
+    assert make_rec_main(["--list", str(faces / "train.lst"), "--out", str(tmp_path / "beside")]) == 0
+    assert _rec_files(tmp_path / "beside") == _rec_files(tmp_path / "two")
+
+
+@pytest.mark.parametrize("lines, message", [
+    ("0\t0.000000\ta.jpg\n1\t1.500000\ta.jpg\n", "line 2 is '1\\t1.500000\\ta.jpg'; expected"),
+    ("0\t-1.000000\ta.jpg\n", "line 1 is '0\\t-1.000000\\ta.jpg'; expected"),
+    ("0\t0.000000\ta.jpg\na.jpg\t1\n", "line 2 is a 'path<TAB>label' line but line 1 is an im2rec "
+                                          "'index<TAB>label<TAB>path' line; use one format per file"),
+], ids=["fraction", "negative", "mixed"])
+def test_make_rec_bad_im2rec_line_is_one_line(tmp_path, capsys, lines, message):
+    (tmp_path / "a.jpg").write_bytes(_image(0))
+    (tmp_path / "l.lst").write_text(lines)
+    assert make_rec_main(["--list", str(tmp_path / "l.lst"), "--out", str(tmp_path / "rec")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"make_rec: error: {tmp_path / 'l.lst'}: {message}"), err
+    if "expected" in message:
+        assert err[0].endswith("expected 'path<TAB>label' or im2rec's 'index<TAB>label<TAB>path' lines with a "
+                               "label that is an integer >= 0 (im2rec's 12.000000 is 12)"), err
+    assert not (tmp_path / "rec").exists()
+
+
 def _planted(tmp_path):
     """An im2rec dataset with five different problems."""
     payloads = [pack(IRHeader(0, 0.0, 0, 0), _image(0)),
@@ -129,6 +178,28 @@ def test_shuffle_rec_drops_header_and_keeps_payloads(layout, tmp_path):
     assert sorted(after) == before and after != [src.raw(i)[:2] for i in range(n)]
     with IndexedRecordIO(tmp_path / "train.idx", tmp_path / "train.rec", "r") as r:
         assert unpack(r.read_idx(0))[1]  # the first record is an image, not an empty header
+
+
+
+def test_shuffle_rec_without_dst_writes_a_sibling_folder(tmp_path, capsys, monkeypatch):
+    """arcface_torch's ``python scripts/shuffle_rec.py ms1m-retinaface-t1`` writes ``shuffled_ms1m-retinaface-t1``."""
+    src = tmp_path / "data" / "ms1m-retinaface-t1"
+    shutil.copytree(FIXTURES / "rec_insightface", src)
+    assert shuffle_rec_main([str(src), str(tmp_path / "explicit"), "--seed", "3"]) == 0
+    assert shuffle_rec_main([f"{src}/", "--seed", "3"]) == 0  # the trailing slash of tab completion
+    default = tmp_path / "data" / "shuffled_ms1m-retinaface-t1"
+    assert f"to {default}" in capsys.readouterr().out.splitlines()[-1]
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == [src.name, default.name]
+    assert _rec_files(default) == _rec_files(tmp_path / "explicit")
+    shutil.rmtree(default)
+    monkeypatch.chdir(src)  # "." names the folder it stands for
+    assert shuffle_rec_main([".", "--seed", "3"]) == 0 and _rec_files(default) == _rec_files(tmp_path / "explicit")
+    assert sorted(p.name for p in src.iterdir()) == sorted(p.name for p in (FIXTURES / "rec_insightface").iterdir())
+    capsys.readouterr()
+    # A mistyped src is one line and leaves no empty shuffled_ folder behind.
+    assert shuffle_rec_main([str(tmp_path / "data" / "typo")]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert not (tmp_path / "data" / "shuffled_typo").exists()
 
 
 def test_unpack_rec_to_image_folder(tmp_path):
