@@ -4,8 +4,9 @@
 take the same options (``add_model_options``), each tool the sources it can run (``scripts/torch2onnx.py`` exports
 on the CPU and has no ``--device``):
 
-    --weights PATH          a backbone state_dict (``model.pt`` of a run, or an official ``backbone.pth``)
-    --onnx PATH             an exported model, run with onnxruntime
+    --weights PATH          a backbone state_dict (``model.pt`` of a run, or an official ``backbone.pth``), or a
+                            run folder: its ``model.pt``
+    --onnx PATH             an exported model, run with onnxruntime, or a folder holding exactly one ``.onnx`` file
     --random-init SEED      the network untrained, seeded SEED (a baseline)
     --network NAME          backbone name (``backbones.list_models()``)
     --network-kwargs JSON   extra keyword arguments of ``backbones.get_model``, e.g. '{"widths": [8, 16, 16, 32]}'
@@ -13,10 +14,11 @@ on the CPU and has no ``--device``):
     --device cpu|cuda       where the model runs
     --precision fp32|bf16|fp16  autocast of the backbone's body (eval.verify, eval.ijb; torch models only)
 
-Without ``--network``, the architecture comes from ``model.json`` beside ``--weights``, which the trainer
-writes beside ``model.pt`` (network, network_kwargs, embedding_size, input size, normalisation); the
-weights file itself stays a plain state_dict in the official layout. Weights that do not fit the
-architecture are one ``ValueError`` line that says what to pass instead.
+``scripts/torch2onnx.py`` also takes the weights as its first argument, as arcface_torch's does (``--weights``
+or the argument, not both). Without ``--network``, the architecture comes from ``model.json`` beside the
+weights file, which the trainer writes beside ``model.pt`` (network, network_kwargs, embedding_size, input
+size, normalisation); the weights file itself stays a plain state_dict in the official layout. Weights that
+do not fit the architecture are one ``ValueError`` line that says what to pass instead.
 """
 from __future__ import annotations
 
@@ -39,6 +41,9 @@ from utils.precision import AUTOCAST_DTYPES, AutocastModule
 
 DEFAULT_EMBEDDING_SIZE = 512
 INPUT_SIZE = (112, 112)  # (H, W) the tools feed: aligned faces, as every backbone here expects
+WEIGHTS_FILE = "model.pt"  # what --weights FOLDER means: the trainer's (and arcface_torch's) weights in that folder
+LISTED = 5  # how many of a folder's files an error message names
+WEIGHTS_HELP = f"backbone state_dict (official insightface layout), or a run folder: its {WEIGHTS_FILE}"
 # What the model options of a tool are called in messages about the architecture.
 ARCHITECTURE_FLAGS = "--network, --network-kwargs and --embedding-size"
 
@@ -112,6 +117,46 @@ def card_beside(weights: str | os.PathLike) -> Path:
     return Path(weights).with_name(MODEL_CARD)
 
 
+def _holding(folder: Path, suffixes: tuple[str, ...]) -> tuple[list[Path], str]:
+    """The files in ``folder`` whose name ends with one of ``suffixes`` (sorted), and what the folder holds, in
+    words for an error message: "it holds" those files, else what it holds instead, or "it is empty"."""
+    entries = sorted(folder.iterdir())
+    matches = [path for path in entries if path.is_file() and path.name.endswith(suffixes)]
+    shown = matches or entries
+    if not shown:
+        return matches, "it is empty"
+    names = ", ".join(path.name + "/" * path.is_dir() for path in shown[:LISTED])
+    if len(shown) > LISTED:
+        names += f" and {len(shown) - LISTED} more"
+    return matches, f"it holds {names}" if matches else f"it holds no {' or '.join(suffixes)} file, only {names}"
+
+
+def weights_file(weights: str | os.PathLike) -> Path:
+    """The weights file ``--weights`` names: ``weights`` itself, or ``<folder>/model.pt`` for a folder (a run's
+    output, as arcface_torch's tools take it); ``ValueError`` naming the folder and what it holds when it has no
+    ``model.pt``. A path with nothing there is returned as it is (its loader says "no such file")."""
+    weights = Path(weights)
+    if not weights.is_dir():
+        return weights
+    if (weights / WEIGHTS_FILE).is_file():
+        return weights / WEIGHTS_FILE
+    _, holds = _holding(weights, (".pt", ".pth"))
+    raise ValueError(f"{weights}: a folder without {WEIGHTS_FILE} (what the trainer writes); {holds}: pass the "
+                     f"weights file itself")
+
+
+def onnx_file(onnx: str | os.PathLike) -> Path:
+    """The model ``--onnx`` names: ``onnx`` itself, or the one ``.onnx`` file in a folder; ``ValueError`` naming
+    the folder and what it holds when it has none or several."""
+    onnx = Path(onnx)
+    if not onnx.is_dir():
+        return onnx
+    found, holds = _holding(onnx, (".onnx",))
+    if len(found) == 1:
+        return found[0]
+    raise ValueError(f"{onnx}: a folder, and {holds}; --onnx takes an .onnx file or a folder holding exactly one")
+
+
 def json_object(text: str) -> dict[str, Any]:
     """argparse type of ``--network-kwargs``: a JSON object."""
     try:
@@ -126,23 +171,31 @@ def json_object(text: str) -> dict[str, Any]:
 
 
 def add_model_options(parser: argparse.ArgumentParser, *, onnx: bool = True, random_init: bool = True,
-                      device: bool = True, precision: bool = False) -> None:
+                      device: bool = True, precision: bool = False, weights_argument: bool = False) -> None:
     """Add the model options to ``parser``; ``onnx``/``random_init``: whether the tool accepts those
     sources besides ``--weights``; ``device``: whether it takes ``--device``; ``precision``: whether it takes
-    ``--precision`` (the autocast dtype of a torch model's forward). Check them with ``check_model_options``
-    after parsing."""
+    ``--precision`` (the autocast dtype of a torch model's forward); ``weights_argument``: whether the weights
+    may also be given as an optional positional argument instead of ``--weights`` (torch2onnx, as
+    arcface_torch's takes them; only with ``--weights`` as the one source). Check them with
+    ``check_model_options`` after parsing, which also moves that argument into ``args.weights``."""
+    assert not (weights_argument and (onnx or random_init)), \
+        f"a positional weights argument is for tools without other sources (onnx={onnx}, random_init={random_init})"
     g = parser.add_argument_group("model", "the backbone to run (without --network: read from model.json beside "
-                                           "--weights, which the trainer writes)")
+                                           "the weights, which the trainer writes)")
     if onnx or random_init:
         source = g.add_mutually_exclusive_group(required=True)
-        source.add_argument("--weights", type=Path, help="backbone state_dict (official insightface layout)")
+        source.add_argument("--weights", type=Path, help=WEIGHTS_HELP)
         if onnx:
-            source.add_argument("--onnx", type=Path, help="exported ONNX model, run with onnxruntime")
+            source.add_argument("--onnx", type=Path, help="exported ONNX model, run with onnxruntime (or a folder "
+                                                          "holding exactly one .onnx file)")
         if random_init:
             source.add_argument("--random-init", type=int, metavar="SEED",
                                 help="the network untrained, seeded SEED (needs --network)")
     else:
-        g.add_argument("--weights", type=Path, required=True, help="backbone state_dict (official insightface layout)")
+        g.add_argument("--weights", type=Path, required=not weights_argument, help=WEIGHTS_HELP)
+        if weights_argument:
+            g.add_argument("weights_argument", nargs="?", type=Path, metavar="WEIGHTS",
+                           help="the same as --weights, as arcface_torch's tools take it (give one of the two)")
     g.add_argument("--network", help="backbone name (backbones.list_models()); default: model.json's")
     g.add_argument("--network-kwargs", type=json_object, metavar="JSON",
                    help="extra backbones.get_model arguments as a JSON object, e.g. '{\"widths\": [8, 16, 16, 32]}'")
@@ -157,7 +210,17 @@ def add_model_options(parser: argparse.ArgumentParser, *, onnx: bool = True, ran
 
 
 def check_model_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Refuse combinations of the model options that cannot work (exits through ``parser.error``)."""
+    """Refuse combinations of the model options that cannot work (exits through ``parser.error``); with
+    ``add_model_options(weights_argument=True)``, set ``args.weights`` from whichever of the argument and
+    ``--weights`` was given."""
+    if hasattr(args, "weights_argument"):
+        if args.weights_argument is not None and args.weights is not None:
+            parser.error(f"the weights are given twice, as {args.weights_argument} and as --weights {args.weights}; "
+                         f"give one")
+        if args.weights_argument is None and args.weights is None:
+            parser.error(f"the weights are required: a .pt/.pth file or a run folder holding {WEIGHTS_FILE}, as the "
+                         f"first argument or as --weights")
+        args.weights = args.weights if args.weights is not None else args.weights_argument
     describes = args.network_kwargs is not None or args.embedding_size is not None
     if getattr(args, "onnx", None) is not None and (args.network or describes):
         parser.error(f"--onnx runs the exported model as it is; {ARCHITECTURE_FLAGS} do not apply")
@@ -175,12 +238,12 @@ def check_model_options(parser: argparse.ArgumentParser, args: argparse.Namespac
 
 
 def architecture(args: argparse.Namespace) -> Architecture:
-    """The architecture the options name: the flags with ``--network``, else ``model.json`` beside
-    ``--weights`` (``ValueError`` saying what to pass when there is none)."""
+    """The architecture the options name: the flags with ``--network``, else ``model.json`` beside the
+    weights file (``weights_file``; ``ValueError`` saying what to pass when there is none)."""
     if args.network:
         return Architecture(args.network, dict(args.network_kwargs or {}),
                             args.embedding_size or DEFAULT_EMBEDDING_SIZE)
-    card = card_beside(args.weights)
+    card = card_beside(weights_file(args.weights))
     if not card.is_file():
         raise ValueError(f"--network is required: {card} does not exist (the trainer writes it beside model.pt); "
                          f"pass {ARCHITECTURE_FLAGS} as in the training config, e.g. --network r50")
@@ -255,11 +318,13 @@ class OnnxBackbone(nn.Module):
 
 def build_backbone(args: argparse.Namespace) -> nn.Module:
     """The model the options name, on ``--device``: an ONNX model, trained weights, or a seeded untrained
-    network, run under ``--precision``'s autocast when that is not fp32. ``FileNotFoundError``/``ValueError``
+    network, run under ``--precision``'s autocast when that is not fp32; a folder given as ``--weights`` or
+    ``--onnx`` means the model in it (``weights_file``, ``onnx_file``). ``FileNotFoundError``/``ValueError``
     (one line) when it cannot be built."""
     device = getattr(args, "device", "cpu")
     onnx = getattr(args, "onnx", None)
     if onnx is not None:
+        onnx = onnx_file(onnx)
         if not onnx.is_file():
             raise FileNotFoundError(f"ONNX model not found: {onnx}")
         return OnnxBackbone(onnx, device)
@@ -269,7 +334,7 @@ def build_backbone(args: argparse.Namespace) -> nn.Module:
         torch.manual_seed(seed)  # the same SEED gives the same untrained network
         model = arch.build()
     else:
-        model = load_backbone(arch, args.weights)
+        model = load_backbone(arch, weights_file(args.weights))
     dtype = AUTOCAST_DTYPES[getattr(args, "precision", "fp32")]
     model = model.to(device)
     return model if dtype is None else AutocastModule(model, dtype)

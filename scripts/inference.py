@@ -2,10 +2,13 @@
 
     python scripts/inference.py --weights work_dirs/ms1mv3_r50/model.pt --image face.jpg [--output emb.npy]
     python scripts/inference.py --network r50 --weights backbone.pth --image face.jpg
+    python scripts/inference.py --network r50 --weight backbone.pth --img face.jpg   # arcface_torch's names
 
 The model options are those of every evaluation tool (``eval.model_source``): without ``--network`` the
-network is read from ``model.json`` beside ``--weights``. Prints the L2-normalised embedding's size and
-first values, and its norm before normalisation; --output saves the raw embedding as a .npy file.
+network is read from ``model.json`` beside the weights (``--weights`` may be the run folder). arcface_torch's
+``--img`` is another name of ``--image``, and its ``--weight`` is argparse's abbreviation of ``--weights``.
+Prints the L2-normalised embedding's size and first values, and its norm before normalisation; --output saves
+the raw embedding as a .npy file.
 
 Exit status: 0 done; 2 a usage or configuration error (a missing or undecodable image, no ``--network`` and
 no ``model.json``, weights that do not fit the network), one line.
@@ -47,7 +50,8 @@ def embed(model: torch.nn.Module, image: torch.Tensor, device: str = "cpu") -> n
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_options(parser, onnx=False, random_init=False)
-    parser.add_argument("--image", required=True, type=Path)
+    parser.add_argument("--image", "--img", required=True, type=Path,
+                        help="the aligned face (--img: arcface_torch's name for it)")
     parser.add_argument("--output", type=Path, help="save the raw embedding here (.npy)")
     args = parser.parse_args(argv)
     check_model_options(parser, args)

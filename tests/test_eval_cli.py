@@ -1,6 +1,7 @@
 """python -m eval.verify and scripts/make_bin.py on generated data and a briefly trained tiny network."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
@@ -351,13 +352,15 @@ def test_every_tool_reads_model_json_and_says_what_to_pass(tool, trained, carded
         f"{other / 'model.json'} says --network tiny --network-kwargs '{{\"widths\": [4, 8, 8, 16]}}' "
         f"--embedding-size 8, which does not describe these weights: pass --network, --network-kwargs and "
         f"--embedding-size as in the training config") in err[0], err
-    # The weights with their model.json: the model is built (ijb then stops at its missing data folder).
-    rc, err = run("--weights", str(carded / "model.pt"))
-    if tool == "eval.ijb":
-        assert rc == 2 and err == [f"eval.ijb: error: IJB protocol file not found: "
-                                   f"{tmp_path / 'ijb' / 'meta' / 'ijbc_face_tid_mid.txt'}"]
-    else:
-        assert rc == 0, err
+    # The weights with their model.json, named by the file or by the run's folder (as arcface_torch's tools take
+    # it): the model is built (ijb then stops at its missing data folder).
+    for weights in (carded / "model.pt", carded):
+        rc, err = run("--weights", str(weights))
+        if tool == "eval.ijb":
+            assert rc == 2 and err == [f"eval.ijb: error: IJB protocol file not found: "
+                                       f"{tmp_path / 'ijb' / 'meta' / 'ijbc_face_tid_mid.txt'}"]
+        else:
+            assert rc == 0, (weights, err)
 
 
 def test_inference_with_model_json_gives_the_network_s_embedding(trained, carded, tmp_path, capsys):
@@ -483,3 +486,148 @@ def test_outputs_that_cannot_be_written_and_bad_network_arguments_are_one_line(t
         torch2onnx.main([*model, "--output", str(tmp_path / "m.onnx"), "--batch", "0"])
     assert stop.value.code == 2 and "--batch must be >= 1, got 0" in capsys.readouterr().err
     assert not (tmp_path / "m.onnx").exists()
+
+
+# ------------------------------------------------------------------------------ arcface_torch's command lines
+# torch2onnx.py WEIGHTS [--output] [--simplify], inference.py --weight --img, and a run folder as the weights.
+
+def _run_folder(carded, tmp_path):
+    """A copy of ``carded`` (model.pt and model.json) that a test may write into."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("model.pt", "model.json"):
+        (run / name).write_bytes((carded / name).read_bytes())
+    return run
+
+
+def _usage_error(capsys, stop) -> str:
+    """The one error line of an argparse usage error (after the usage lines argparse prints first)."""
+    err = capsys.readouterr().err.strip().splitlines()
+    errors = [line for line in err if ": error: " in line]
+    assert stop.value.code == 2 and errors == err[-1:], err
+    return errors[0].split(": error: ", 1)[1]
+
+
+@pytest.mark.timeout(120)
+def test_torch2onnx_takes_the_weights_as_arcface_torch_s_does(carded, tmp_path, capsys):
+    from scripts import torch2onnx
+
+    run = _run_folder(carded, tmp_path)
+    # The run folder as the first argument, no --output: model.onnx beside model.pt, checked against torch.
+    assert torch2onnx.main([str(run)]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert out.startswith(f"wrote {run / 'model.onnx'} (opset 17, dynamic batch); max |torch - onnxruntime| = "), out
+    assert sorted(p.name for p in run.iterdir()) == ["model.json", "model.onnx", "model.pt"]
+    # The weights given twice, or not at all: one usage error line each, nothing written.
+    with pytest.raises(SystemExit) as stop:
+        torch2onnx.main([str(run), "--weights", str(run / "model.pt"), "--output", str(tmp_path / "x.onnx")])
+    assert _usage_error(capsys, stop) == (f"the weights are given twice, as {run} and as --weights "
+                                          f"{run / 'model.pt'}; give one")
+    with pytest.raises(SystemExit) as stop:
+        torch2onnx.main(["--output", str(tmp_path / "x.onnx")])
+    assert _usage_error(capsys, stop) == ("the weights are required: a .pt/.pth file or a run folder holding "
+                                          "model.pt, as the first argument or as --weights")
+    assert not (tmp_path / "x.onnx").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("onnxsim") is not None, reason="onnxsim is installed here")
+def test_torch2onnx_simplify_without_onnxsim_says_what_to_install(carded, tmp_path, capsys):
+    from scripts import torch2onnx
+
+    run = _run_folder(carded, tmp_path)
+    assert torch2onnx.main([str(run), "--simplify"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "torch2onnx: error: --simplify needs the onnxsim package, which this Python does not have: pip install onnxsim"]
+    assert not (run / "model.onnx").exists()
+
+
+@pytest.mark.timeout(120)
+def test_torch2onnx_simplify_runs_onnxsim_before_the_check(carded, tmp_path, capsys, monkeypatch):
+    """onnxsim's plumbing, with a stand-in for onnxsim (not installed here): what it returns is what is written
+    and checked; a result its own check refuses is one line, and nothing is written."""
+    import importlib.machinery
+    import types
+
+    import onnx
+
+    from scripts import torch2onnx
+
+    calls = []
+
+    def simplify(model):
+        calls.append(len(model.graph.node))
+        model.doc_string = "simplified"
+        return model, not refuse
+
+    fake = types.ModuleType("onnxsim")
+    fake.__spec__ = importlib.machinery.ModuleSpec("onnxsim", None)
+    fake.simplify = simplify
+    monkeypatch.setitem(sys.modules, "onnxsim", fake)
+    run = _run_folder(carded, tmp_path)
+    refuse = False
+    assert torch2onnx.main([str(run), "--simplify"]) == 0, capsys.readouterr().err
+    assert "dynamic batch, simplified by onnxsim); max |torch - onnxruntime|" in capsys.readouterr().out
+    assert len(calls) == 1 and onnx.load(run / "model.onnx").doc_string == "simplified"
+    refuse = True
+    assert torch2onnx.main([str(run / "model.pt"), "--simplify", "--output", str(tmp_path / "x.onnx")]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "torch2onnx: error: --simplify: onnxsim's check found the simplified model's outputs differ from the "
+        "exported one's; export without --simplify"]
+    assert len(calls) == 2 and not (tmp_path / "x.onnx").exists()
+
+
+@pytest.mark.timeout(120)
+def test_a_run_folder_as_weights_works_like_its_model_pt(trained, carded, tmp_path, capsys):
+    from scripts import inference
+
+    g = torch.Generator().manual_seed(6)
+    (tmp_path / "face.png").write_bytes(encode_png(torch.randint(0, 256, (3, 112, 112), dtype=torch.uint8,
+                                                                 generator=g)).numpy().tobytes())
+    # arcface_torch's names: --weight (argparse's abbreviation of --weights) and --img, with the run folder.
+    assert inference.main(["--weights", str(carded / "model.pt"), "--image", str(tmp_path / "face.png"),
+                           "--device", "cpu", "--output", str(tmp_path / "file.npy")]) == 0
+    assert inference.main(["--weight", str(carded), "--img", str(tmp_path / "face.png"), "--device", "cpu",
+                           "--output", str(tmp_path / "folder.npy")]) == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "folder.npy"), np.load(tmp_path / "file.npy"))
+    for name, weights in (("file", carded / "model.pt"), ("folder", carded)):
+        rc, _, err = _run(capsys, "--weights", weights, "--data-dir", trained, "--targets", "synth", "--device", "cpu",
+                          "--json", tmp_path / f"{name}.json")
+        assert rc == 0, err
+    assert json.loads((tmp_path / "folder.json").read_text()) == json.loads((tmp_path / "file.json").read_text())
+
+
+@pytest.mark.timeout(120)
+def test_a_folder_as_onnx_means_its_one_onnx_file(trained, carded, tmp_path, capsys):
+    exported = tmp_path / "exported"
+    exported.mkdir()
+    (exported / "model.onnx").write_bytes((trained / "model.onnx").read_bytes())
+    (exported / "notes.txt").write_text("r18, 25 steps")
+    common = ["--data-dir", trained, "--targets", "synth", "--device", "cpu"]
+    for name, onnx in (("file", exported / "model.onnx"), ("folder", exported)):
+        rc, _, err = _run(capsys, "--onnx", onnx, *common, "--json", tmp_path / f"{name}.json")
+        assert rc == 0, err
+    assert json.loads((tmp_path / "folder.json").read_text()) == json.loads((tmp_path / "file.json").read_text())
+    (exported / "other.onnx").write_bytes(b"")
+    rc, _, err = _run(capsys, "--onnx", exported, *common)
+    assert rc == 2 and err.splitlines() == [
+        f"eval.verify: error: {exported}: a folder, and it holds model.onnx, other.onnx; --onnx takes an .onnx file "
+        f"or a folder holding exactly one"], err
+    rc, _, err = _run(capsys, "--onnx", carded, *common)  # a run folder: the weights, not an export
+    assert rc == 2 and err.splitlines() == [
+        f"eval.verify: error: {carded}: a folder, and it holds no .onnx file, only model.json, model.pt; "
+        f"--onnx takes an .onnx file or a folder holding exactly one"], err
+
+
+def test_a_folder_without_model_pt_names_what_it_holds(trained, tmp_path, capsys):
+    official = tmp_path / "ms1mv3_arcface_r18"
+    official.mkdir()
+    (official / "backbone.pth").write_bytes((trained / "model.pt").read_bytes())
+    (official / "training.log").write_text("")
+    rc, _, err = _run(capsys, *MODEL_ARGS, "--weights", official, "--data-dir", trained, "--targets", "synth")
+    assert rc == 2 and err.splitlines() == [
+        f"eval.verify: error: {official}: a folder without model.pt (what the trainer writes); it holds backbone.pth: "
+        f"pass the weights file itself"], err
+    rc, _, err = _run(capsys, "--weights", tmp_path, "--data-dir", trained, "--targets", "synth")  # no --network
+    assert rc == 2 and err.splitlines() == [
+        f"eval.verify: error: {tmp_path}: a folder without model.pt (what the trainer writes); it holds no .pt or "
+        f".pth file, only ms1mv3_arcface_r18/: pass the weights file itself"], err

@@ -64,7 +64,8 @@ def test_a_folder_where_a_file_goes_and_a_file_where_a_folder_goes_say_so(tmp_pa
     assert inference.main([*model, "--weights", str(tmp_path / "model.pt"), "--image", str(folder)]) == 2
     assert _one_line(capsys, "inference") == f"inference: error: image is a folder, not a file: {folder}"
     assert inference.main([*model, "--weights", str(folder), "--image", str(a_file)]) == 2
-    assert _one_line(capsys, "inference") == f"inference: error: {folder}: is a folder, not a file"
+    assert _one_line(capsys, "inference") == (f"inference: error: {folder}: a folder without model.pt (what the "
+                                              f"trainer writes); it is empty: pass the weights file itself")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file.txt", "folder", "model.pt"]  # nothing written
 
 
