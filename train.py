@@ -267,7 +267,7 @@ def train(job: Job, state: TrainState) -> None:
                     cfg.save_every_steps and state.step % cfg.save_every_steps == 0):
                 checkpoint.save_run(job, state, logger)
                 if job.wandb is not None and cfg.save_artifacts and (epoch_end or state.step == d.total_steps):
-                    job.wandb.log_model(job.output / "model.pt", state.epoch, state.step)
+                    job.wandb.log_model(job.output / "model.pt", state.step, state.epoch if epoch_end else None)
             if epoch_end:
                 break
     if progress is not None:
@@ -290,6 +290,8 @@ def check_on_every_rank(cfg: Config, rank: int) -> None:
         problem = None
     except ValueError as exc:
         problem = exc
+    except OSError as exc:  # a folder on the way that this user may not read
+        problem = ValueError(f"cannot check the config's paths (rec, init_backbone, resume): {one_line(exc)}")
     failed = [r for r, (flag,) in enumerate(all_gather_sizes([int(problem is not None)], collective_device())) if flag]
     if problem is not None:
         raise problem
@@ -328,11 +330,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 job.wandb = start_run(job.cfg, job.output, logger)
                 if job.wandb is not None:
                     job.writer.add(job.wandb)
+                    job.wandb.exit_code = 1  # what the wandb run says if training does not end (0) or stop (2, 3)
             train(job, state)
+            if job.wandb is not None:
+                job.wandb.exit_code = 0
         except NonFiniteLossError as exc:
             logger.error("%s", exc)
+            if job is not None and job.wandb is not None:
+                job.wandb.exit_code = 3
             return 3
         except ValueError as exc:  # a mistake in the config, the data or the folder: one line, once, exit 2
+            if job is not None and job.wandb is not None:
+                job.wandb.exit_code = 2
             # Every rank meets it (they read the same config, data and folder): rank 0 says it, in training.log
             # too; the first rank of each other node says it on stderr, as that node's output.
             if rank == 0:

@@ -153,8 +153,8 @@ config.frequent = 10
 # wandb package (pip install wandb); WANDB_MODE=offline logs without a network (wandb sync uploads later). A run
 # that cannot start is one warning and training goes on.
 config.using_wandb = False
-# API key for wandb.login; None = the login wandb already has (wandb login, WANDB_API_KEY); arcface_torch's
-# placeholder of X's counts as None. Never logged nor saved in checkpoints.
+# wandb API key; None = the login wandb already has (wandb login, WANDB_API_KEY); arcface_torch's placeholder
+# of X's counts as None. Never logged, saved in checkpoints or written to ~/.netrc.
 config.wandb_key = None
 # Team or user the run belongs to; None = wandb's default entity.
 config.wandb_entity = None

@@ -100,8 +100,8 @@ def judge_training(parsed: dict[str, Any], dtype: str) -> tuple[bool, str]:
     """Pass when the run finished, the mean loss of the last fifth is below the first fifth's, and no step
     was skipped. fp16 may skip while its loss scale settles (the first FP16_SETTLE_STEPS) and, after that,
     once per growth: the scale doubles after FP16_GROWTH_INTERVAL good steps in a row and may overflow right
-    then, so a later skip passes when the previous skip is at least that many steps before it (two closer
-    together mean the halved scale overflowed again)."""
+    then, so a later skip passes when the previous skip (or the start, for the first) is at least that many
+    steps before it (closer means the scale overflowed without having grown)."""
     losses = [v for _, v in parsed["losses"]]
     if parsed["steps"] != TRAIN_STEPS or len(losses) < 5:
         return False, f"finished {parsed['steps']} of {TRAIN_STEPS} steps"
@@ -110,7 +110,7 @@ def judge_training(parsed: dict[str, Any], dtype: str) -> tuple[bool, str]:
     skips = parsed["skipped_at"]
     if dtype == "fp16":
         bad = [s for i, s in enumerate(skips)
-               if s >= FP16_SETTLE_STEPS and i > 0 and s - skips[i - 1] < FP16_GROWTH_INTERVAL]
+               if s >= FP16_SETTLE_STEPS and s - (skips[i - 1] if i else 0) < FP16_GROWTH_INTERVAL]
         rule = f" (allowed below step {FP16_SETTLE_STEPS}, then one per {FP16_GROWTH_INTERVAL} steps)"
     else:
         bad, rule = skips, ""

@@ -47,8 +47,11 @@ def test_training_log_judgement():
     assert not gpu_check.judge_training(gpu_check.parse_training_log("done: 120 steps, 0 skipped"), "bf16")[0]
     # After settling, fp16 may overflow once per growth of its scale (every 100 good steps), not twice in a row.
     for skipped_at, ok in (([3, 5, 125], True), ([3, 125, 240], True), ([3, 125, 126], False), ([125, 126], False),
-                           ([40, 90], False)):
+                           ([40, 90], False), ([50], False), ([101], True), ([3, 60], False)):
         assert gpu_check.judge_training({**parsed, "skipped_at": skipped_at}, "fp16")[0] == ok, skipped_at
+    from utils.precision import LossScaler
+
+    assert LossScaler(True).growth_interval == gpu_check.FP16_GROWTH_INTERVAL  # the trainer's scaler
 
 
 def test_pytest_summary_and_report():

@@ -315,3 +315,17 @@ def test_inductor_is_refused_on_the_cpu_for_narrow_strided_convolutions(tmp_path
     assert len(errors) == 1 and "compile = True with compile_backend = 'inductor' on the CPU" in errors[0], errors
     assert "layer1.0.downsample.0 (8 -> 8, 1x1, stride 2)" in errors[0]
     assert "set compile = False or compile_backend = 'aot_eager'" in errors[0]
+
+
+def test_a_path_that_cannot_be_checked_is_a_config_mistake_on_that_rank(monkeypatch):
+    """A folder on the way that this user may not read raises OSError from the path checks: it is the rank's
+    one-line mistake (agreed with the others), not a traceback that leaves them waiting in the all-gather."""
+    import train as trainer
+    from utils.config import load_config
+
+    def unreadable(cfg):
+        raise PermissionError(13, "Permission denied", "/data/private/faces")
+
+    monkeypatch.setattr(trainer, "check_paths", unreadable)
+    with pytest.raises(ValueError, match=r"cannot check the config's paths .*Permission denied: '/data/private/faces'"):
+        trainer.check_on_every_rank(load_config(CONFIG), 0)

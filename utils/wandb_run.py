@@ -8,14 +8,18 @@ checks that it is installed on rank 0 before training starts. The run receives w
 the run's model artifact. The run's files go to ``<output>/wandb``; ``WANDB_MODE=offline`` keeps them there
 without a network (``wandb sync`` uploads them later).
 
-A run that cannot start (no network, no login) is one warning: training goes on, logging to TensorBoard.
-The API key is never logged nor saved in checkpoints (``utils.config.SECRET_KEYS``).
+A run that cannot start (no network, no login, a wandb that fails to import) is one warning, and so is a run
+that fails later (its first failed call turns it off): training goes on, logging to TensorBoard. Scalars are
+logged against ``trainer/step``, so a continued run may log again the steps it redoes after a crash. The API
+key goes to wandb through its settings (no ``wandb.login``, which would write it to ``~/.netrc``), is removed
+from the command line wandb records, and is never logged nor saved in checkpoints
+(``utils.config.SECRET_KEYS``).
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
+import sys
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -33,11 +37,29 @@ def api_key(cfg: Mapping[str, Any]) -> str | None:
     return None if key is None or not key.strip() or set(key.strip()) == {"X"} else key.strip()
 
 
+STEP_METRIC = "trainer/step"  # every scalar's x axis in the wandb run
+
+
 def check_installed(cfg: Mapping[str, Any]) -> None:
-    """``ValueError`` when ``using_wandb = True`` and the ``wandb`` package cannot be imported."""
-    if cfg["using_wandb"] and importlib.util.find_spec("wandb") is None:
+    """``ValueError`` when ``using_wandb = True`` and the ``wandb`` package is not installed, or does not import."""
+    if not cfg["using_wandb"]:
+        return
+    try:
+        import wandb  # noqa: F401
+    except ModuleNotFoundError as exc:
+        if exc.name != "wandb":
+            raise ValueError(f"using_wandb = True but the wandb package does not import on rank 0's node "
+                             f"({one_line(exc)}); reinstall it, or set using_wandb = False") from None
         raise ValueError("using_wandb = True but the wandb package is not installed on rank 0's node; "
-                         "pip install wandb, or set using_wandb = False (TensorBoard logs are written either way)")
+                         "pip install wandb, or set using_wandb = False (TensorBoard logs are written either way)") from None
+    except Exception as exc:  # noqa: BLE001 (a broken install fails in its own dependencies' ways)
+        raise ValueError(f"using_wandb = True but the wandb package does not import on rank 0's node "
+                         f"({one_line(exc)}); reinstall it, or set using_wandb = False") from None
+
+
+def _without_key(argv: list[str], key: str) -> list[str]:
+    """``argv`` with the API key written over: wandb records the command line with the run."""
+    return [arg.replace(key, "<hidden>") for arg in argv]
 
 
 class ScalarWriters:
@@ -60,26 +82,49 @@ class ScalarWriters:
 
 
 class WandbWriter:
-    """Scalars into a wandb run (``log_all`` False: only ``val/`` ones), and ``model.pt`` as its model artifact."""
+    """Scalars into a wandb run (``log_all`` False: only ``val/`` ones) against ``trainer/step``, and ``model.pt``
+    as its model artifact. The first call that fails is one warning and turns the writer off."""
 
-    def __init__(self, run: Any, log_all: bool) -> None:
-        self.run, self.log_all = run, log_all
+    def __init__(self, run: Any, log_all: bool, logger: logging.Logger) -> None:
+        self.run, self.log_all, self.logger = run, log_all, logger
+        self.exit_code = 0  # what the run finishes with: the trainer sets it when training stops on an error
+        self._call(run.define_metric, STEP_METRIC)
+        self._call(run.define_metric, "*", step_metric=STEP_METRIC)
+
+    def _call(self, method: Any, *args: Any, **kwargs: Any) -> None:
+        if self.run is None:
+            return
+        try:
+            method(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 (wandb's service can fail in many ways; training must not)
+            self.logger.warning("wandb: %s failed (%s); the run gets nothing more, training goes on and logs to "
+                                "TensorBoard", getattr(method, "__name__", "a call"), one_line(exc))
+            self.run = None
 
     def add_scalar(self, tag: str, scalar_value: float, global_step: int) -> None:
-        if self.log_all or tag.startswith("val/"):
-            self.run.log({tag: float(scalar_value)}, step=int(global_step))
+        if self.run is not None and (self.log_all or tag.startswith("val/")):
+            self._call(self.run.log, {tag: float(scalar_value), STEP_METRIC: int(global_step)})
 
-    def log_model(self, path: Path, epoch: int, step: int) -> None:
-        """``path`` as a new version of the artifact ``model-<run id>`` (aliases ``epoch_<epoch>``, ``latest``)."""
+    def log_model(self, path: Path, step: int, epoch: int | None) -> None:
+        """``path`` as a new version of the artifact ``model-<run id>``, aliased ``step_<step>``, ``latest`` and,
+        at the end of an epoch, ``epoch_<epoch>`` (epochs completed)."""
+        if self.run is None:
+            return
         import wandb
 
-        artifact = wandb.Artifact(name=f"model-{self.run.id}", type="model",
-                                  metadata={"epoch": int(epoch), "step": int(step)})
-        artifact.add_file(str(path))
-        self.run.log_artifact(artifact, aliases=[f"epoch_{epoch}", "latest"])
+        def log() -> None:
+            artifact = wandb.Artifact(name=f"model-{self.run.id}", type="model",
+                                      metadata={"step": int(step), **({"epoch": int(epoch)} if epoch is not None else {})})
+            artifact.add_file(str(path))
+            aliases = [f"step_{step}", "latest", *([f"epoch_{epoch}"] if epoch is not None else [])]
+            self.run.log_artifact(artifact, aliases=aliases)
+
+        log.__name__ = "log_artifact"
+        self._call(log)
 
     def close(self) -> None:
-        self.run.finish()
+        self._call(getattr(self.run, "finish", None), exit_code=self.exit_code)
+        self.run = None
 
 
 def _previous_run(output: Path, logger: logging.Logger) -> dict[str, str] | None:
@@ -101,27 +146,28 @@ def _previous_run(output: Path, logger: logging.Logger) -> dict[str, str] | None
 def start_run(cfg: Mapping[str, Any], output: Path, logger: logging.Logger) -> WandbWriter | None:
     """Start (or, with ``wandb_resume`` and a run recorded in ``output``, continue) the wandb run; None with one
     warning when wandb cannot start one. Rank 0 only."""
-    import wandb
-
     previous = _previous_run(output, logger) if cfg["wandb_resume"] else None
     if previous is not None:
         name = previous["name"]
     else:  # as arcface_torch names its runs: the start time, then the suffix
         suffix = cfg["suffix_run_name"]
         name = time.strftime("%y%m%d_%H%M") + (f"_{suffix}" if suffix else "")
+    key = api_key(cfg)
+    if key is not None:
+        sys.argv = _without_key(sys.argv, key)
     try:
-        key = api_key(cfg)
-        if key is not None:
-            wandb.login(key=key)
+        import wandb
+
         (output / "wandb").mkdir(parents=True, exist_ok=True)
         run = wandb.init(entity=cfg["wandb_entity"], project=cfg["wandb_project"], name=name, notes=cfg["notes"],
                          config=redacted(cfg), dir=str(output),
+                         **({"settings": wandb.Settings(api_key=key)} if key is not None else {}),
                          **({"id": previous["id"], "resume": "allow"} if previous is not None else {}))
+        record = json.dumps({"id": run.id, "name": run.name}).encode()
+        atomic_write(output / RUN_FILE, lambda f: f.write(record))
     except Exception as exc:  # noqa: BLE001 (wandb's errors have no common base: network, login, usage)
         logger.warning("wandb: no run started (%s); training goes on and logs to TensorBoard only "
                        "(WANDB_MODE=offline logs to %s without a network)", one_line(exc), output / "wandb")
         return None
-    record = json.dumps({"id": run.id, "name": run.name}).encode()
-    atomic_write(output / RUN_FILE, lambda f: f.write(record))
     logger.info("wandb run %s (id %s)%s", run.name, run.id, " continued" if previous is not None else "")
-    return WandbWriter(run, bool(cfg["wandb_log_all"]))
+    return WandbWriter(run, bool(cfg["wandb_log_all"]), logger)
