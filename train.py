@@ -263,10 +263,10 @@ def train(job: Job, state: TrainState) -> None:
                     progress.set_postfix(loss=f"{mean:.3f}", epoch=state.epoch)
             if job.callback is not None and state.step % cfg.verbose == 0:
                 job.callback(state.step, job.backbone)
-            if epoch_end or state.step == d.total_steps or (
-                    cfg.save_every_steps and state.step % cfg.save_every_steps == 0):
+            last = epoch_end or state.step == d.total_steps
+            if last or (cfg.save_every_steps and state.step % cfg.save_every_steps == 0):
                 checkpoint.save_run(job, state, logger)
-                if job.wandb is not None and cfg.save_artifacts and (epoch_end or state.step == d.total_steps):
+                if last and job.wandb is not None and cfg.save_artifacts:
                     job.wandb.log_model(job.output / "model.pt", state.step, state.epoch if epoch_end else None)
             if epoch_end:
                 break
@@ -318,7 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         rank, world_size = get_rank(), get_world_size()
         logger = setup_logging(rank, cfg.output)
-        job = None
+        job, code = None, 1  # the exit code: 1 until training ends (0) or stops on a mistake (2, 3)
         try:
             check_world(cfg, world_size)
             check_on_every_rank(cfg, rank)
@@ -330,32 +330,28 @@ def main(argv: Sequence[str] | None = None) -> int:
                 job.wandb = start_run(job.cfg, job.output, logger)
                 if job.wandb is not None:
                     job.writer.add(job.wandb)
-                    job.wandb.exit_code = 1  # what the wandb run says if training does not end (0) or stop (2, 3)
             train(job, state)
-            if job.wandb is not None:
-                job.wandb.exit_code = 0
+            code = 0
         except NonFiniteLossError as exc:
             logger.error("%s", exc)
-            if job is not None and job.wandb is not None:
-                job.wandb.exit_code = 3
-            return 3
+            code = 3
         except ValueError as exc:  # a mistake in the config, the data or the folder: one line, once, exit 2
-            if job is not None and job.wandb is not None:
-                job.wandb.exit_code = 2
+            code = 2
             # Every rank meets it (they read the same config, data and folder): rank 0 says it, in training.log
             # too; the first rank of each other node says it on stderr, as that node's output.
             if rank == 0:
                 logger.error("%s", one_line(exc))
             elif os.environ.get("LOCAL_RANK", "0") == "0":
                 print(f"train.py: rank {rank}: {one_line(exc)}", file=sys.stderr)
-            return 2
-        finally:  # TensorBoard's last events flushed, the wandb run finished, whether training ended or stopped
+        finally:  # TensorBoard's last events flushed, the wandb run finished with the exit code, whatever happened
+            if job is not None and job.wandb is not None:
+                job.wandb.exit_code = code
             if job is not None and job.writer is not None:
                 job.writer.close()
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    return 0
+    return code
 
 
 if __name__ == "__main__":

@@ -22,13 +22,14 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from utils.config import redacted
 from utils.files import atomic_write
 from utils.logging_setup import one_line
 
 RUN_FILE = "wandb_run.json"  # in the output folder: the wandb run this folder logs to, for wandb_resume
+STEP_METRIC = "trainer/step"  # every scalar's x axis in the wandb run
 
 
 def api_key(cfg: Mapping[str, Any]) -> str | None:
@@ -37,22 +38,17 @@ def api_key(cfg: Mapping[str, Any]) -> str | None:
     return None if key is None or not key.strip() or set(key.strip()) == {"X"} else key.strip()
 
 
-STEP_METRIC = "trainer/step"  # every scalar's x axis in the wandb run
-
-
 def check_installed(cfg: Mapping[str, Any]) -> None:
     """``ValueError`` when ``using_wandb = True`` and the ``wandb`` package is not installed, or does not import."""
     if not cfg["using_wandb"]:
         return
     try:
         import wandb  # noqa: F401
-    except ModuleNotFoundError as exc:
-        if exc.name != "wandb":
-            raise ValueError(f"using_wandb = True but the wandb package does not import on rank 0's node "
-                             f"({one_line(exc)}); reinstall it, or set using_wandb = False") from None
-        raise ValueError("using_wandb = True but the wandb package is not installed on rank 0's node; "
-                         "pip install wandb, or set using_wandb = False (TensorBoard logs are written either way)") from None
     except Exception as exc:  # noqa: BLE001 (a broken install fails in its own dependencies' ways)
+        if isinstance(exc, ModuleNotFoundError) and exc.name == "wandb":
+            raise ValueError("using_wandb = True but the wandb package is not installed on rank 0's node; pip "
+                             "install wandb, or set using_wandb = False (TensorBoard logs are written either "
+                             "way)") from None
         raise ValueError(f"using_wandb = True but the wandb package does not import on rank 0's node "
                          f"({one_line(exc)}); reinstall it, or set using_wandb = False") from None
 
@@ -88,42 +84,42 @@ class WandbWriter:
     def __init__(self, run: Any, log_all: bool, logger: logging.Logger) -> None:
         self.run, self.log_all, self.logger = run, log_all, logger
         self.exit_code = 0  # what the run finishes with: the trainer sets it when training stops on an error
-        self._call(run.define_metric, STEP_METRIC)
-        self._call(run.define_metric, "*", step_metric=STEP_METRIC)
+        self._call("define_metric",
+                   lambda r: (r.define_metric(STEP_METRIC), r.define_metric("*", step_metric=STEP_METRIC)))
 
-    def _call(self, method: Any, *args: Any, **kwargs: Any) -> None:
+    def _call(self, what: str, work: Callable[[Any], Any]) -> None:
+        """``work(run)``; its first failure (``what`` names it) is one warning and turns the writer off."""
         if self.run is None:
             return
         try:
-            method(*args, **kwargs)
+            work(self.run)
         except Exception as exc:  # noqa: BLE001 (wandb's service can fail in many ways; training must not)
             self.logger.warning("wandb: %s failed (%s); the run gets nothing more, training goes on and logs to "
-                                "TensorBoard", getattr(method, "__name__", "a call"), one_line(exc))
+                                "TensorBoard", what, one_line(exc))
             self.run = None
 
     def add_scalar(self, tag: str, scalar_value: float, global_step: int) -> None:
-        if self.run is not None and (self.log_all or tag.startswith("val/")):
-            self._call(self.run.log, {tag: float(scalar_value), STEP_METRIC: int(global_step)})
+        if self.log_all or tag.startswith("val/"):
+            self._call("log", lambda r: r.log({tag: float(scalar_value), STEP_METRIC: int(global_step)}))
 
     def log_model(self, path: Path, step: int, epoch: int | None) -> None:
         """``path`` as a new version of the artifact ``model-<run id>``, aliased ``step_<step>``, ``latest`` and,
         at the end of an epoch, ``epoch_<epoch>`` (epochs completed)."""
-        if self.run is None:
-            return
-        import wandb
+        at_epoch_end = epoch is not None
 
-        def log() -> None:
-            artifact = wandb.Artifact(name=f"model-{self.run.id}", type="model",
-                                      metadata={"step": int(step), **({"epoch": int(epoch)} if epoch is not None else {})})
+        def log(run: Any) -> None:
+            import wandb
+
+            artifact = wandb.Artifact(name=f"model-{run.id}", type="model",
+                                      metadata={"step": int(step), **({"epoch": int(epoch)} if at_epoch_end else {})})
             artifact.add_file(str(path))
-            aliases = [f"step_{step}", "latest", *([f"epoch_{epoch}"] if epoch is not None else [])]
-            self.run.log_artifact(artifact, aliases=aliases)
+            aliases = [f"step_{step}", "latest", *([f"epoch_{epoch}"] if at_epoch_end else [])]
+            run.log_artifact(artifact, aliases=aliases)
 
-        log.__name__ = "log_artifact"
-        self._call(log)
+        self._call("log_artifact", log)
 
     def close(self) -> None:
-        self._call(getattr(self.run, "finish", None), exit_code=self.exit_code)
+        self._call("finish", lambda r: r.finish(exit_code=self.exit_code))
         self.run = None
 
 
