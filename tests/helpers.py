@@ -20,8 +20,7 @@ from torch import nn
 from utils.distributed import all_gather_cat, all_gather_sizes, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"  # MXNet-written fixtures and the recipe table, beside the checkout
-FIXTURES = SHARED / "fixtures"
+FIXTURES = ROOT / "tests" / "fixtures"  # MXNet-written RecordIO and .bin files, and the recipe table (README there)
 UNWRITABLE = "/proc/no-such-folder"  # nobody, root included, can create a folder under /proc
 # The reliability tests' trainer run: save_every_steps and keep_checkpoints are outside the config fingerprint,
 # so runs that differ only in them train the same model and may resume each other's checkpoints.

@@ -1,8 +1,8 @@
 """configs/<recipe>.py against the published values of arcface_torch's recipes (same names, same values).
 
 ``PUBLISHED`` below is what we promise: each recipe's values as arcface_torch's recipe files write them (read
-from its repository). ``test_table_matches_recipes_tsv`` cross-checks it against the team's recipes table
-(``shared/recipes.tsv`` beside the repository) when that file is there. Three published values are refused by
+from its repository). ``test_table_matches_recipes_tsv`` cross-checks it against the recipes table
+``tests/fixtures/recipes.tsv`` (every arcface_torch recipe's effective values, read from its repository). Three published values are refused by
 our config rules; ``EXPRESSED_AS`` says how each recipe writes the same training behaviour instead, and a test
 per entry shows that the behaviour is the same.
 """
@@ -13,7 +13,7 @@ import ast
 import pytest
 import torch
 
-from tests.helpers import ROOT, SHARED, reference_polynomial_warmup
+from tests.helpers import FIXTURES, ROOT, reference_polynomial_warmup
 from utils.config import CONFIG_DIR, _base_defaults, _load_module_config, derive, load_config
 from utils.lr_scheduler import lr_at
 
@@ -191,11 +191,8 @@ def test_readme_lists_every_shipped_config():
 
 
 def test_table_matches_recipes_tsv():
-    """The table above against the recipes table kept beside the repository (the source it was written from)."""
-    path = SHARED / "recipes.tsv"
-    if not path.exists():
-        pytest.skip(f"{path} not present (it lives beside the repository, not in it)")
-    lines = [line for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    """The table above against the recipes table it was written from."""
+    lines = [line for line in (FIXTURES / "recipes.tsv").read_text().splitlines() if line.strip() and not line.startswith("#")]
     header = lines[0].split("\t")
     rows = {fields[0]: dict(zip(header[1:], fields[1:])) for fields in (line.split("\t") for line in lines[1:])}
     assert sorted(rows) == sorted(PUBLISHED)
