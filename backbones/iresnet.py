@@ -17,8 +17,6 @@ import torch
 from torch import nn
 
 from .checkpointing import maybe_checkpoint
-from .conv import Conv2d
-from .prelu import PReLU
 from .precision import full_precision
 from .registry import register_model
 
@@ -30,7 +28,7 @@ _TOTAL_STRIDE = 16
 
 
 def _conv3x3(in_ch: int, out_ch: int, stride: int = 1) -> nn.Conv2d:
-    return Conv2d(in_ch, out_ch, kernel_size=3, stride=stride, padding=1, bias=False)
+    return nn.Conv2d(in_ch, out_ch, kernel_size=3, stride=stride, padding=1, bias=False)
 
 
 class IBasicBlock(nn.Module):
@@ -41,7 +39,7 @@ class IBasicBlock(nn.Module):
         self.bn1 = nn.BatchNorm2d(in_ch, eps=_BN_EPS)
         self.conv1 = _conv3x3(in_ch, out_ch)
         self.bn2 = nn.BatchNorm2d(out_ch, eps=_BN_EPS)
-        self.prelu = PReLU(out_ch)
+        self.prelu = nn.PReLU(out_ch)
         self.conv2 = _conv3x3(out_ch, out_ch, stride)
         self.bn3 = nn.BatchNorm2d(out_ch, eps=_BN_EPS)
         # The official layout has a projection exactly when the shape changes; the key ``downsample``
@@ -49,7 +47,7 @@ class IBasicBlock(nn.Module):
         self.downsample: nn.Sequential | None = None
         if stride != 1 or in_ch != out_ch:
             self.downsample = nn.Sequential(
-                Conv2d(in_ch, out_ch, kernel_size=1, stride=stride, bias=False),
+                nn.Conv2d(in_ch, out_ch, kernel_size=1, stride=stride, bias=False),
                 nn.BatchNorm2d(out_ch, eps=_BN_EPS),
             )
 
@@ -93,7 +91,7 @@ class IResNet(nn.Module):
 
         self.conv1 = _conv3x3(3, widths[0])
         self.bn1 = nn.BatchNorm2d(widths[0], eps=_BN_EPS)
-        self.prelu = PReLU(widths[0])
+        self.prelu = nn.PReLU(widths[0])
         in_ch = widths[0]
         for i, (n_blocks, out_ch) in enumerate(zip(layers, widths), start=1):
             blocks = [IBasicBlock(in_ch, out_ch, stride=2)]

@@ -12,7 +12,7 @@ Narrow 3x3 convolutions are not safe in channels-last either: a ``tiny`` network
 corrupted the heap in channels-last even with its strided 1x1 shortcuts kept contiguous, once two of those 3x3
 convolutions ran in sequence (each alone, and any single one in the network, passed; torch 2.14.1). The refusal
 below names the strided 1x1 convolutions, which every narrow network of this project's configs and tests has, so it
-covers them; on the CPU those networks run their narrow convolutions as compiled loops instead (``backbones.conv``).
+covers them.
 """
 from __future__ import annotations
 

@@ -16,7 +16,6 @@ import torch
 from torch import nn
 
 from .checkpointing import maybe_checkpoint
-from .prelu import PReLU
 from .precision import full_precision
 from .registry import register_model
 
@@ -36,7 +35,7 @@ class _ConvUnit(nn.Module):
             nn.BatchNorm2d(out_ch),
         ]
         if act:
-            units.append(PReLU(out_ch))
+            units.append(nn.PReLU(out_ch))
         self.layers = nn.Sequential(*units)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
