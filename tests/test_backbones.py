@@ -500,11 +500,11 @@ def test_mbf_size() -> None:
 
 
 @pytest.mark.timeout(120)
-def test_readme_backbone_table_matches_the_counter() -> None:
-    """Every registered backbone has a README row whose parameters and GMACs are what
+def test_docs_backbone_table_matches_the_counter() -> None:
+    """Every registered backbone has a row in docs/backbones.md whose parameters and GMACs are what
     ``python -m backbones.flops NAME`` prints, to the digits written (r2060's GMACs, which take ~10 s
     to count, are left to the CLI)."""
-    section = (ROOT / "README.md").read_text().split("## Backbones", 1)[1].split("\n## ", 1)[0]
+    section = (ROOT / "docs" / "backbones.md").read_text().split("## The networks", 1)[1].split("\n## ", 1)[0]
     row = re.compile(r"^\| `(\w+)`[^|]*\| ([\d.]+) M \| ([\d.]+) \|", re.M)
     rows = {m[1]: (m[2], m[3]) for m in row.finditer(section)}
     assert sorted(rows) == list_models()

@@ -184,9 +184,9 @@ def test_every_recipe_network_is_registered():
     assert networks <= set(list_models()), networks - set(list_models())
 
 
-def test_readme_lists_every_shipped_config():
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("Shipped recipes"):readme.index("The keys (this table")]
+def test_docs_list_every_shipped_config():
+    page = (ROOT / "docs" / "configuration.md").read_text()
+    section = page[page.index("## Shipped recipes"):page.index("## The keys")]
     assert [name for name in shipped() if f"`{name}`" not in section] == []
 
 

@@ -1,6 +1,6 @@
 """Precision: the autocast context, TF32, and the dynamic loss scale of fp16 training.
 
-What runs in which dtype (README, "Precision"): the backbone's body runs under ``torch.autocast`` in the
+What runs in which dtype (docs/partial_fc.md, "Precision"): the backbone's body runs under ``torch.autocast`` in the
 trainer's dtype (bf16 or fp16); the layers that produce the embedding run in fp32 outside it (see
 ``backbones``); the head's three large products run in the autocast dtype with fp32 accumulation, and
 its log-sum-exp, the loss and both optimizers' updates in fp32. fp32 runs may use TF32 tensor cores for
