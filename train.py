@@ -16,42 +16,30 @@ Options: ``--set KEY=VALUE [KEY=VALUE ...]`` (repeatable) overrides config keys,
 ``--resume`` continues from the newest complete checkpoint in ``output`` (this also happens by itself
 when ``output`` holds checkpoints of the same config, unless ``auto_resume=False``).
 
-Reads top to bottom: arguments → build → resume → loop (step, log, evaluate, checkpoint) → teardown;
-docs/ARCHITECTURE.md draws the parts it uses.
+Reads top to bottom: arguments → build → resume → loop (step, log, evaluate, checkpoint) → teardown; building
+the run, wrapping the backbone and checkpointing are ``trainer/``'s; docs/ARCHITECTURE.md draws the parts it uses.
 """
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from contextlib import nullcontext
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
 import torch
 import torch.distributed as dist
-from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from backbones import get_model
-from backbones.memory_format import check_channels_last
-from dataset import DaliLoader, FaceDataLoader, build_dataset, get_dali_dataloader, get_dataloader
-from eval.callback import CallbackVerification
-from losses import build_margin
-from optimizers import build_optimizers
-from partial_fc import PartialFC
-from utils import checkpoint
+from trainer import checkpointing
+from trainer.build import Job, build
+from trainer.preflight import check_on_every_rank
 from utils.checkpoint import TrainState
-from utils.config import Config, Derived, check_paths, check_world, data_identity, derive, fingerprint, load_config
-from utils.distributed import (all_gather_sizes, collective_device, get_rank, get_world_size, init_process_group,
-                               pick_device, wrap_ddp)
-from utils.files import load_weights
+from utils.config import check_world, load_config
+from utils.distributed import get_rank, get_world_size, init_process_group, pick_device
 from utils.logging_setup import ProgressLog, one_line, setup_logging
 from utils.lr_scheduler import apply_lr, lr_at
-from utils.precision import LossScaler, NonFiniteLossError, autocast, configure_cuda, nonfinite_parts
-from utils.wandb_run import ScalarWriters, WandbWriter, check_installed, start_run
+from utils.precision import NonFiniteLossError, autocast, nonfinite_parts
+from utils.wandb_run import start_run
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -68,108 +56,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.local_rank is not None:
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
     return args
-
-
-# ------------------------------ Build ----------------------------------------------------------------------
-@dataclass
-class Job:
-    """Everything the loop needs, built once by ``build``."""
-
-    cfg: Config
-    derived: Derived
-    rank: int
-    world_size: int
-    device: torch.device
-    backbone: nn.Module  # the plain backbone: what model.pt, checkpoints and evaluation use
-    wrapped_backbone: nn.Module  # what the step calls: `backbone` inside DDP and/or torch.compile
-    head: PartialFC
-    opt_backbone: torch.optim.Optimizer
-    opt_head: torch.optim.Optimizer
-    scaler: LossScaler
-    autocast_dtype: torch.dtype | None
-    loader: FaceDataLoader | DaliLoader | None
-    logger: logging.Logger
-    writer: ScalarWriters | None = None  # rank 0: TensorBoard, and the wandb run once it starts
-    wandb: WandbWriter | None = None  # rank 0 with using_wandb = True, once the run has started
-    callback: CallbackVerification | None = None
-    output: Path = Path(".")
-    fingerprint: str = ""  # of the config and the data's identity: what a checkpoint must match to auto-resume
-    data_identity: str = "synthetic"
-
-
-def build_backbone(cfg: Config, device: torch.device) -> nn.Module:
-    """The backbone from the registry, optionally initialised from pretrained weights (strict)."""
-    model = get_model(cfg.network, num_features=cfg.embedding_size, **dict(cfg.network_kwargs))
-    if cfg.init_backbone:
-        load_weights(model, cfg.init_backbone, network=cfg.network)
-    model = model.to(device)
-    if not cfg.channels_last:
-        return model
-    check_channels_last(model, device, cfg.network)
-    return model.to(memory_format=torch.channels_last)
-
-
-def build_data(cfg: Config, rank: int, world_size: int, device: torch.device,
-               logger: logging.Logger) -> tuple[FaceDataLoader | DaliLoader, Config]:
-    """The loader, and the config with `num_classes`/`num_image` filled in from the dataset when left None."""
-    if cfg.dali:
-        if cfg.num_classes is None:
-            raise ValueError("dali = True needs num_classes: the DALI reader does not count classes")
-        loader = get_dali_dataloader(cfg.rec, cfg.batch_size, rank=rank, world_size=world_size, seed=cfg.seed,
-                                     device=device)
-        num_images, num_classes = loader.num_images, cfg.num_classes
-    else:
-        data = build_dataset(cfg.rec, num_classes=cfg.num_classes, seed=cfg.seed, num_images=cfg.num_image)
-        loader = get_dataloader(data, cfg.batch_size, rank=rank, world_size=world_size, seed=cfg.seed,
-                                num_workers=cfg.num_workers, device=device)
-        num_images, num_classes = len(data), data.num_classes
-    if cfg.num_image is not None and num_images != cfg.num_image:
-        raise ValueError(f"num_image = {cfg.num_image} in the config, but the dataset {cfg.rec!r} holds {num_images} "
-                         f"images; set num_image = {num_images} or None (it sets the steps per epoch and the LR)")
-    if cfg.num_classes is None or cfg.num_image is None:
-        logger.info("from the dataset %s: num_classes = %d, num_image = %d", cfg.rec, num_classes, num_images)
-        cfg = cfg.updated(num_classes=num_classes, num_image=num_images)
-    return loader, cfg
-
-
-def build(cfg: Config, rank: int, world_size: int, device: torch.device, logger: logging.Logger) -> Job:
-    loader, cfg = build_data(cfg, rank, world_size, device, logger)
-    check_world(cfg, world_size)
-    torch.manual_seed(cfg.seed)  # every rank builds the same backbone; DDP also broadcasts rank 0's weights
-    backbone = build_backbone(cfg, device)
-    wrapped: nn.Module = backbone
-    if world_size > 1:
-        wrapped = wrap_ddp(backbone, device)
-        if cfg.fp16:  # fp16 gradients on the wire: half the all-reduce traffic, as the reference
-            wrapped.register_comm_hook(None, default_hooks.fp16_compress_hook)
-    if cfg.compile:
-        if cfg.compile_backend == "inductor":  # it lays CPU convolutions out channels-last by itself
-            check_channels_last(backbone, device, cfg.network, setting="compile = True with compile_backend = "
-                                "'inductor'", remedy="set compile = False or compile_backend = 'aot_eager'")
-        wrapped = torch.compile(wrapped, backend=cfg.compile_backend)
-
-    head = PartialFC(build_margin(cfg), cfg.embedding_size, cfg.num_classes, cfg.sample_rate, seed=cfg.seed,
-                     sub_centers=cfg.sub_centers, update=cfg.head_update).to(device)
-    opt_backbone, opt_head = build_optimizers(cfg.optimizer, backbone.parameters(), head, cfg.lr, cfg.momentum,
-                                              cfg.weight_decay)
-    configure_cuda(device, cfg.tf32, cfg.cudnn_benchmark)
-    output, data = Path(cfg.output), data_identity(cfg.rec)
-    writer = None
-    if rank == 0:
-        from torch.utils.tensorboard import SummaryWriter
-
-        writer = ScalarWriters(SummaryWriter(log_dir=str(output / "tensorboard")))
-    autocast_dtype = torch.float16 if cfg.fp16 else torch.bfloat16 if cfg.bf16 else None
-    callback = None
-    if cfg.val_targets and cfg.rec != "synthetic":
-        # Verification runs in the training precision, as the forward it checks.
-        callback = CallbackVerification(list(cfg.val_targets), rec_prefix=cfg.rec, summary_writer=writer,
-                                        device=device, autocast_dtype=autocast_dtype)
-    return Job(cfg=cfg, derived=derive(cfg, world_size), rank=rank, world_size=world_size, device=device,
-               backbone=backbone, wrapped_backbone=wrapped, head=head, opt_backbone=opt_backbone, opt_head=opt_head,
-               scaler=LossScaler(enabled=cfg.fp16), autocast_dtype=autocast_dtype,
-               loader=loader, logger=logger, writer=writer, callback=callback, output=output,
-               fingerprint=fingerprint(cfg, data), data_identity=data)
 
 
 # ------------------------------ One optimizer step ---------------------------------------------------------
@@ -265,7 +151,7 @@ def train(job: Job, state: TrainState) -> None:
                 job.callback(state.step, job.backbone)
             last = epoch_end or state.step == d.total_steps
             if last or (cfg.save_every_steps and state.step % cfg.save_every_steps == 0):
-                checkpoint.save_run(job, state, logger)
+                checkpointing.save_run(job, state, logger)
                 if last and job.wandb is not None and cfg.save_artifacts:
                     job.wandb.log_model(job.output / "model.pt", state.step, state.epoch if epoch_end else None)
             if epoch_end:
@@ -277,31 +163,6 @@ def train(job: Job, state: TrainState) -> None:
 
 
 # ------------------------------ Entry point ----------------------------------------------------------------
-def check_on_every_rank(cfg: Config, rank: int) -> None:
-    """``check_paths`` on every rank (and, on rank 0, that wandb is installed when ``using_wandb``), agreed: each
-    node may read its own copy of the data (a local disk), so one node's paths may be wrong while another's are
-    right. A rank that finds a problem raises its own ``ValueError``; every other rank raises one naming those
-    ranks, so that no rank goes on to wait in a collective for ranks that have stopped. One all-gather of a flag
-    per rank."""
-    try:
-        check_paths(cfg)
-        if rank == 0:
-            check_installed(cfg)
-        problem = None
-    except ValueError as exc:
-        problem = exc
-    except OSError as exc:  # a folder on the way that this user may not read
-        problem = ValueError(f"cannot check the config's paths (rec, init_backbone, resume): {one_line(exc)}")
-    failed = [r for r, (flag,) in enumerate(all_gather_sizes([int(problem is not None)], collective_device())) if flag]
-    if problem is not None:
-        raise problem
-    if failed:
-        ranks = f"rank {failed[0]}" if len(failed) == 1 else f"ranks {', '.join(map(str, failed))}"
-        raise ValueError(f"{ranks} cannot use the paths in the config (rec, init_backbone or resume) or lack a "
-                         f"package on their node; their node's output names it: every node needs the same dataset "
-                         f"path")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     overrides = list(args.overrides) + (["resume=true"] if args.resume else [])
@@ -325,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             logger.info("config %s (%d ranks, backend %s, device %s):\n%s", args.config, world_size,
                         dist.get_backend() if dist.is_initialized() else "none", device, cfg)
             job = build(cfg, rank, world_size, device, logger)
-            state = checkpoint.resume(job, job.derived.steps_per_epoch, logger)
+            state = checkpointing.resume(job, job.derived.steps_per_epoch, logger)
             if rank == 0 and job.cfg.using_wandb:  # once the run knows where it resumes, which it may refuse
                 job.wandb = start_run(job.cfg, job.output, logger)
                 if job.wandb is not None:

@@ -7,6 +7,7 @@ was one module; the code lives in modules named for what they are:
 - ``dataset.recordio``: MXNet RecordIO without MXNet, the dataset layouts, and the one RecordIO checker;
 - ``dataset.faces``: ``MXFaceDataset``, ``ImageFolderDataset``, ``SyntheticDataset``, ``build_dataset``;
 - ``dataset.loader``: the distributed, resumable sampler and loader (``get_dataloader``);
+- ``dataset.build``: the training loader a config asks for (``build_data``);
 - ``dataset.dali``: the optional GPU-decode loader (NVIDIA DALI, imported only when asked for);
 - ``dataset.verification_set``: the verification ``.bin`` reader (restricted unpickler) and writer;
 - ``dataset.synthetic_faces``: synthetic identities written in the real formats, for demos and tests.
@@ -15,6 +16,7 @@ This package imports only ``utils`` from the project (and torch, torchvision, nu
 """
 from __future__ import annotations
 
+from dataset.build import build_data
 from dataset.dali import DaliLoader, get_dali_dataloader
 from dataset.faces import ImageFolderDataset, MXFaceDataset, SyntheticDataset, build_dataset
 from dataset.images import IMAGE_EXTENSIONS, Transform, decode, normalise
@@ -22,5 +24,5 @@ from dataset.loader import FaceDataLoader, FaceSampler, get_dataloader
 from dataset.recordio import class_of, detect_layout
 
 __all__ = ["IMAGE_EXTENSIONS", "DaliLoader", "FaceDataLoader", "FaceSampler", "ImageFolderDataset", "MXFaceDataset",
-           "SyntheticDataset", "Transform", "build_dataset", "class_of", "decode", "detect_layout",
+           "SyntheticDataset", "Transform", "build_data", "build_dataset", "class_of", "decode", "detect_layout",
            "get_dali_dataloader", "get_dataloader", "normalise"]

@@ -136,12 +136,12 @@ def gathered_head_after_resume(rank: int, world_size: int, config: str, sets: tu
     ``ckpt``, and return ``(step, weight (C, D), optimizer state (C, ...))`` gathered on rank 0."""
     import logging
 
-    import train as trainer
-    from utils.checkpoint import restore_training_state
+    from trainer.build import build
+    from trainer.checkpointing import restore_training_state
     from utils.config import load_config
 
     cfg = load_config(config, [*sets, f"output={output}"])
-    job = trainer.build(cfg, rank, world_size, torch.device("cpu"), logging.getLogger("test"))
+    job = build(cfg, rank, world_size, torch.device("cpu"), logging.getLogger("test"))
     state, _ = restore_training_state(job, Path(ckpt), job.derived.steps_per_epoch)
     weight = torch.cat(gather(job.head.weight.detach()))  # (C, D)
     head_state = job.opt_head.state[job.head.weight]
@@ -153,8 +153,8 @@ def tiny_job(rank: int, world_size: int, cfg_overrides: list[str], model: nn.Mod
              fp16_scaler: bool = False, init_scale: float = 2.0 ** 16, autocast_dtype: torch.dtype | None = None):
     """A trainer ``Job`` around ``model`` and ``head`` (SGD with momentum on both, as the trainer builds them)
     without data: for driving ``train.optimizer_step`` in process."""
-    import train as trainer
     from optimizers import build_optimizers
+    from trainer.build import Job
     from utils.config import derive, load_config
     from utils.distributed import wrap_ddp
     from utils.precision import LossScaler
@@ -162,11 +162,11 @@ def tiny_job(rank: int, world_size: int, cfg_overrides: list[str], model: nn.Mod
     cfg = load_config(CONFIG, cfg_overrides)
     wrapped = wrap_ddp(model, torch.device("cpu")) if world_size > 1 else model
     opt_backbone, opt_head = build_optimizers("sgd", model.parameters(), head, lr, 0.9, 5e-4)
-    return trainer.Job(cfg=cfg, derived=derive(cfg, world_size), rank=rank, world_size=world_size,
-                       device=torch.device("cpu"), backbone=model, wrapped_backbone=wrapped, head=head,
-                       opt_backbone=opt_backbone, opt_head=opt_head,
-                       scaler=LossScaler(enabled=fp16_scaler, init_scale=init_scale), autocast_dtype=autocast_dtype,
-                       loader=None, logger=logging.getLogger("test"))
+    return Job(cfg=cfg, derived=derive(cfg, world_size), rank=rank, world_size=world_size,
+               device=torch.device("cpu"), backbone=model, wrapped_backbone=wrapped, head=head,
+               opt_backbone=opt_backbone, opt_head=opt_head,
+               scaler=LossScaler(enabled=fp16_scaler, init_scale=init_scale), autocast_dtype=autocast_dtype,
+               loader=None, logger=logging.getLogger("test"))
 
 
 def reference_polynomial_warmup(base_lr: float, warmup: int, total: int, power: float, steps: int) -> list[float]:
@@ -194,26 +194,27 @@ def mixed_precision_steps(dtype: str, device: str) -> dict:
     """The trainer's steps with ``fp16``/``bf16 = True`` on ``configs/debug_cpu``: steps until four in a row are
     finite (with fp16 the loss scale first backs off from 2^16 until the gradients fit; at most 24 steps), then one
     step with an inf injected into a backbone gradient. What ``check_mixed_precision_steps`` judges."""
-    import train as trainer
+    from train import optimizer_step
+    from trainer.build import build
     from utils.checkpoint import TrainState
     from utils.config import load_config
 
     cfg = load_config("configs/debug_cpu", [f"device={device}", f"{dtype}=true", "max_nonfinite_steps=24"])
-    job = trainer.build(cfg, 0, 1, torch.device(device, 0) if device == "cuda" else torch.device(device),
-                        logging.getLogger("test"))
+    job = build(cfg, 0, 1, torch.device(device, 0) if device == "cuda" else torch.device(device),
+                logging.getLogger("test"))
     job.loader.set_epoch(0)
     batches = iter(job.loader)
     state = TrainState()
     losses: list[float | None] = []
     while len(losses) < 24 and not (len(losses) >= 4 and all(v is not None for v in losses[-4:])):
-        loss = trainer.optimizer_step(job, state, [next(batches)])
+        loss = optimizer_step(job, state, [next(batches)])
         losses.append(None if loss is None else float(loss))
         state.step += 1
     settled = job.scaler.scale
     before = job.head.weight.detach().clone()
     param = next(job.backbone.parameters())
     handle = param.register_hook(lambda g: torch.full_like(g, float("inf")))
-    skipped = trainer.optimizer_step(job, state, [next(batches)])
+    skipped = optimizer_step(job, state, [next(batches)])
     handle.remove()
     return dict(losses=losses, skipped=skipped, head_unchanged=torch.equal(before, job.head.weight.detach()),
                 settled=settled, scale=job.scaler.scale, embedding_dtype=job.backbone(next(batches)[0]).dtype)

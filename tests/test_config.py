@@ -340,18 +340,18 @@ def test_check_paths_refuses_a_missing_resume_directory(tmp_path):
 
 
 def test_dali_needs_num_classes():
-    """README (`dali`): the DALI loader needs num_classes set; train.build_data refuses None before opening DALI
+    """README (`dali`): the DALI loader needs num_classes set; dataset.build_data refuses None before opening DALI
     (so this runs without nvidia-dali or a GPU), in one line naming the keys."""
     import logging
 
     import torch
 
-    import train as trainer
+    from dataset import build_data
 
     cfg = load_config("configs/debug_cpu", ["dali=true", "num_classes=none"])
     assert cfg.dali is True and cfg.num_classes is None
     with pytest.raises(ValueError, match=r"^dali = True needs num_classes: the DALI reader does not count classes$"):
-        trainer.build_data(cfg, 0, 1, torch.device("cpu"), logging.getLogger("test_config"))
+        build_data(cfg, 0, 1, torch.device("cpu"), logging.getLogger("test_config"))
 
 
 # ------------------------------------------------------------------------------ fingerprint

@@ -114,7 +114,7 @@ def test_demo_trains_and_verifies_bf16_only_where_the_cpu_computes_it(tmp_path, 
     # README: the baseline is the same network untrained: the weights the trainer starts from.
     import torch
 
-    import train
+    import trainer.build
     from eval import verify
     from eval.model_source import build_backbone
     from utils.config import load_config
@@ -123,8 +123,8 @@ def test_demo_trains_and_verifies_bf16_only_where_the_cpu_computes_it(tmp_path, 
     args = verify.parse_args(untrained[untrained.index("eval.verify") + 1:])
     baseline = build_backbone(args)
     cfg = load_config(str(config))
-    torch.manual_seed(cfg.seed)  # as train.build, before it builds the backbone
-    start = train.build_backbone(cfg, torch.device("cpu"))
+    torch.manual_seed(cfg.seed)  # as trainer.build.build, before it builds the backbone
+    start = trainer.build.build_backbone(cfg, torch.device("cpu"))
     theirs, ours = start.state_dict(), baseline.state_dict()
     assert theirs.keys() == ours.keys() and all(torch.equal(theirs[k], ours[k]) for k in theirs)
 

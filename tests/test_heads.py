@@ -17,7 +17,9 @@ from torch import nn
 
 from tests.helpers import (CONFIG, ROOT, copy_checkpoints_until, gather, load_model, logged_losses, max_difference,
                            saved_head, tiny_job, train)
-from utils.checkpoint import load_common, restore_training_state, save_training_state, step_dir, TrainState
+from trainer.build import build
+from trainer.checkpointing import restore_training_state, save_training_state
+from utils.checkpoint import load_common, step_dir, TrainState
 from utils.config import FINGERPRINT_EXCLUDED, fingerprint, load_config
 from utils.distributed import run_on_local_ranks
 
@@ -136,10 +138,8 @@ def test_adaface_run_resumes_with_the_same_losses_statistics_and_weights(adaface
 
 def _restored_on_ranks(rank: int, world_size: int, ckpt: str, output: str):
     """Build the trainer with RUN on this world size, restore `ckpt`; the gathered head and every rank's buffers."""
-    import train as trainer
-
     cfg = load_config(CONFIG, [*RUN, f"output={output}"])
-    job = trainer.build(cfg, rank, world_size, torch.device("cpu"), logging.getLogger("test"))
+    job = build(cfg, rank, world_size, torch.device("cpu"), logging.getLogger("test"))
     restore_training_state(job, Path(ckpt), job.derived.steps_per_epoch)
     weight = torch.cat(gather(job.head.weight.detach()))  # (C, K·D)
     state = {k: torch.cat(gather(v)) for k, v in sorted(job.opt_head.state[job.head.weight].items())}

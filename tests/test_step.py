@@ -422,13 +422,13 @@ def test_checkpoints_at_each_epoch_end_and_the_last_step_or_only_the_weights(tmp
 
 
 def _wire_precision(rank: int, world_size: int, fp16: bool) -> bool:
-    """train.build on 2 ranks, one backward through the DDP backbone: are all-reduced gradients fp16 values?"""
-    import train as trainer
+    """trainer.build.build on 2 ranks, one backward through the DDP backbone: are all-reduced gradients fp16 values?"""
     from tests.helpers import CONFIG
+    from trainer.build import build
     from utils.config import load_config
 
     cfg = load_config(CONFIG, [f"fp16={fp16}"])
-    job = trainer.build(cfg, rank, world_size, torch.device("cpu"), logging.getLogger("test"))
+    job = build(cfg, rank, world_size, torch.device("cpu"), logging.getLogger("test"))
     g = torch.Generator().manual_seed(rank)
     job.wrapped_backbone(torch.randn(4, 3, 112, 112, generator=g)).square().sum().backward()
     grads = [p.grad for p in job.backbone.parameters() if p.grad is not None]

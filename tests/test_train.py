@@ -320,12 +320,12 @@ def test_inductor_is_refused_on_the_cpu_for_narrow_strided_convolutions(tmp_path
 def test_a_path_that_cannot_be_checked_is_a_config_mistake_on_that_rank(monkeypatch):
     """A folder on the way that this user may not read raises OSError from the path checks: it is the rank's
     one-line mistake (agreed with the others), not a traceback that leaves them waiting in the all-gather."""
-    import train as trainer
+    from trainer import preflight
     from utils.config import load_config
 
     def unreadable(cfg):
         raise PermissionError(13, "Permission denied", "/data/private/faces")
 
-    monkeypatch.setattr(trainer, "check_paths", unreadable)
+    monkeypatch.setattr(preflight, "check_paths", unreadable)
     with pytest.raises(ValueError, match=r"cannot check the config's paths .*Permission denied: '/data/private/faces'"):
-        trainer.check_on_every_rank(load_config(CONFIG), 0)
+        preflight.check_on_every_rank(load_config(CONFIG), 0)

@@ -24,20 +24,21 @@ def snapshot(job) -> dict[str, torch.Tensor]:
 
 @pytest.mark.timeout(120)
 def test_a_nan_step_is_skipped_without_touching_anything(tmp_path):
-    import train as trainer
+    from train import optimizer_step
+    from trainer.build import build
     from utils.config import load_config
 
     cfg = load_config("configs/debug_cpu", [f"output={tmp_path}", "max_nonfinite_steps=3"])
-    job = trainer.build(cfg, 0, 1, torch.device("cpu"), logging.getLogger("test"))
+    job = build(cfg, 0, 1, torch.device("cpu"), logging.getLogger("test"))
     state = TrainState()
     job.loader.set_epoch(0)
     batches = iter(job.loader)
     images, labels = next(batches)  # (8, 3, 112, 112), (8,)
-    assert torch.isfinite(trainer.optimizer_step(job, state, [(images, labels)]))
+    assert torch.isfinite(optimizer_step(job, state, [(images, labels)]))
     state.step += 1  # momentum buffers now exist: there is optimizer state to protect
     before = snapshot(job)
     nan_images = torch.full_like(images, float("nan"))
-    loss = trainer.optimizer_step(job, state, [(nan_images, labels)])
+    loss = optimizer_step(job, state, [(nan_images, labels)])
     after = snapshot(job)
     assert loss is None and state.nonfinite_in_row == 1 and state.skipped_steps == 1
     assert before.keys() == after.keys()

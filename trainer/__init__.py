@@ -1,0 +1,9 @@
+"""The trainer's glue beside ``train.py``: what turns a config into a run and a run into checkpoints.
+
+- ``trainer.preflight``: the ranks agree on the config's paths before anything is built (``check_on_every_rank``);
+- ``trainer.build``: the run's parts from the config (``build`` → ``Job``; ``build_backbone``);
+- ``trainer.parallelize``: the plain backbone wrapped for the step: DDP, its fp16 hook, ``torch.compile``;
+- ``trainer.checkpointing``: what the trainer saves and how a run resumes, over ``utils.checkpoint``'s format.
+
+``train.py`` keeps the arguments, the one optimizer step, the loop and the entry point.
+"""
