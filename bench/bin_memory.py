@@ -6,9 +6,8 @@ Without ``--bin``, writes a temporary `.bin` of ``N`` synthetic 112x112 JPEGs fi
 content, quality 90: a few KB each, like the aligned faces of LFW/CFP-FP/AgeDB-30) with
 ``dataset.verification_set.save_bin``. The measurement runs in a fresh spawned process, so that heap freed
 while the file was generated cannot be reused by ``load_bin`` unseen: it imports everything and loads a
-2-pair file once (decoder libraries, allocator pools), returns freed heap to the OS (glibc
-``malloc_trim``), reads its resident set, calls ``load_bin`` on the file and reads the resident set again
-while holding the result. ``ratio = growth / (N · 3 · 112 · 112)``, one uint8 copy of the images; the
+2-pair file once (decoder libraries, allocator pools), reads its resident set, calls ``load_bin`` on the file
+and reads the resident set again while holding the result. ``ratio = growth / (N · 3 · 112 · 112)``, one uint8 copy of the images; the
 target is <= 1.15 (the images themselves plus what is left of the encoded bytes). ``peak_ratio`` is the
 high-water mark during the call against the same copy (informative: the encoded file is in memory while
 it is decoded).
@@ -28,7 +27,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from bench.common import current_rss_bytes, markdown_table, peak_rss_bytes, write_json  # noqa: E402
-from utils.cpu_memory import trim_heap  # noqa: E402
 
 TARGET = 1.15
 IMAGE_SIZE = (112, 112)
@@ -62,7 +60,6 @@ def measure(path: str, warmup_path: str) -> dict[str, Any]:
 
     load_bin(warmup_path)  # first use of the decoders and allocator pools is not load_bin's cost
     gc.collect()
-    trim_heap()  # the baseline holds no freed memory load_bin could reuse
     before = current_rss_bytes()
     data = load_bin(path)
     gc.collect()

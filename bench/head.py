@@ -1,33 +1,35 @@
 """Partial FC head step against its floor: the three matrix products no implementation can avoid.
 
     python bench/head.py --num-classes 1000000 --sample-rate 0.1 --world-size 2 --batch-size 128 \
-        --embedding-size 512 --threads 1 [--optimizer sgd|adamw] [--update sampled|all] [--device cpu|cuda] \
-        [--json PATH]
+        --embedding-size 512 --threads 1 [--optimizer sgd|adamw] [--update sampled|all] [--compile] \
+        [--device cpu|cuda] [--json PATH]
 
 Spawns ``--world-size`` ranks (gloo on CPU, NCCL on CUDA). Each rank builds the head exactly as
 ``train.py`` does (``PartialFC`` + ``build_head_optimizer``) and times one step: forward, backward,
 optimizer update, ``zero_grad(set_to_none=True)``. In the same run it times the FLOOR, the step's three
 matrix products on the sampled rows with the same shapes, dtype and threads, into preallocated outputs:
-``logits = E_global @ W_sᵀ``, ``∂E = G @ W_s``, ``∂W = Gᵀ @ E_global``. Steps and floors alternate
-(one of each per repeat) so that load from other processes hits both alike, and every rank starts each timed
-call together (an untimed barrier before it).
+``logits = E_global @ W_sᵀ``, ``∂E = G @ W_s``, ``∂W = Gᵀ @ E_global``. With ``--compile`` a second head, the
+same with ``compile = True`` (config ``compile_head``), is timed beside the eager one: each repeat runs the eager
+step, the compiled step and the floor, so that load from other processes hits all three alike, and every rank
+starts each timed call together (an untimed barrier before it). The compiled head's first step, which compiles,
+is timed on its own (``compile_s``: that step minus the compiled step's median).
 
 The ranks run the step in lockstep (its collectives wait for the slowest), so a step cannot end before the
 slowest rank's products: each repeat's floor is the LONGEST of the ranks' floors in that repeat and its step the
 longest of their steps; ``ratio = step_s / floor_s`` (medians over the repeats), and ``pair_ratios`` lists each
 repeat's own ratio. On a shared host the ranks' cores run at different speeds from moment to moment: one rank's
 own floor would count the other core's slowness as the head's. ``rank0_ratio`` is rank 0's step over its own
-floor (medians), the figure reported before, for comparison.
+floor (medians), for comparison.
 
 Peak memory per rank (``measure_peak``) is the growth of the resident set (CPU) or of CUDA's allocated
-bytes (GPU) from just before the head is built to its high-water mark over construction and the
-warm-up steps (at least two); it is reported against the fp32 shard ``num_local · D · 4`` bytes, rank 0's. Times
-are medians over ``--repeats`` steps after ``--warmup`` untimed ones, with (min, max).
+bytes (GPU) from just before a head is built to its high-water mark over construction and the warm-up steps (at
+least two); it is reported against the fp32 shard ``num_local · D · 4`` bytes, rank 0's. The compiled head is
+measured after the eager one, which is still alive (its memory is part of that baseline). Times are medians over
+``--repeats`` steps after ``--warmup`` untimed ones, with (min, max).
 """
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 from contextlib import contextmanager
@@ -40,7 +42,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from bench.common import Timing, current_rss_bytes, markdown_table, peak_rss_bytes, time_call, write_json  # noqa: E402
-from utils.cpu_memory import huge_pages_env, trim_heap  # noqa: E402
 from utils.distributed import barrier, run_on_local_ranks  # noqa: E402
 
 
@@ -59,6 +60,7 @@ class HeadConfig:
     repeats: int = 5
     warmup: int = 1
     floor: bool = True
+    compile: bool = False  # also time the head with compile = True
     seed: int = 0
 
 
@@ -82,7 +84,6 @@ class PeakMemory:
             torch.cuda.reset_peak_memory_stats(self.device)
             self.baseline = torch.cuda.memory_allocated(self.device)
             return
-        trim_heap()
         self.baseline = current_rss_bytes()
         try:
             with open("/proc/self/clear_refs", "w") as f:
@@ -120,10 +121,12 @@ def head_rank(rank: int, world_size: int, cfg: HeadConfig) -> dict[str, Any]:
 
     Keys: ``step`` and ``floor`` (Timing dicts, seconds), ``step_samples`` and ``floor_samples`` (each repeat's
     seconds), ``peak_mem_bytes``, ``shard_bytes``, ``num_local``, ``num_sampled`` (rows in the step's matrix
-    products), ``batch_global``.
+    products), ``batch_global``; with ``cfg.compile`` also ``compiled``: the compiled head's ``step``,
+    ``step_samples``, ``peak_mem_bytes`` and ``first_step_s`` (the step that compiles).
     """
     from losses import ArcFace
-    from partial_fc import PartialFC, build_head_optimizer, class_partition, sample_size
+    from optimizers import build_head_optimizer
+    from partial_fc import PartialFC, class_partition, sample_size
 
     torch.set_num_threads(cfg.threads)
     device = torch.device(cfg.device, rank) if cfg.device == "cuda" else torch.device(cfg.device)
@@ -162,43 +165,58 @@ def head_rank(rank: int, world_size: int, cfg: HeadConfig) -> dict[str, Any]:
         torch.mm(g, w, out=d_e)  # (B_global, D)
         torch.mm(g.t(), e, out=d_w)  # (C_s, D)
 
-    with measure_peak(device) as meter:
-        head = PartialFC(ArcFace(), D, cfg.num_classes, cfg.sample_rate, seed=cfg.seed, update=cfg.update).to(device)
-        opt = build_head_optimizer(head, cfg.optimizer, lr=0.1, momentum=0.9, weight_decay=5e-4)
-        calls = [0]
+    def build_and_warm(compiled: bool) -> tuple[Any, int, float]:
+        """(a step function of a new head, its peak memory, its first step's seconds)."""
+        with measure_peak(device) as meter:
+            head = PartialFC(ArcFace(), D, cfg.num_classes, cfg.sample_rate, seed=cfg.seed, update=cfg.update,
+                             compile=compiled).to(device)
+            opt = build_head_optimizer(head, cfg.optimizer, lr=0.1, momentum=0.9, weight_decay=5e-4)
+            assert head.num_local == num_local, (head.num_local, num_local)
+            calls = [0]
 
-        def step() -> None:
-            labels = label_sets[calls[0] % len(label_sets)]
-            calls[0] += 1
-            head(embeddings, labels).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            embeddings.grad = None  # the backbone optimizer's zero_grad(set_to_none=True)
+            def step() -> None:
+                labels = label_sets[calls[0] % len(label_sets)]
+                calls[0] += 1
+                head(embeddings, labels).backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                embeddings.grad = None  # the backbone optimizer's zero_grad(set_to_none=True)
 
-        barrier()
-        # The peak covers construction and the warm-up steps (at least two: the second is the steady
-        # state); the floor's products run after it, so their own work memory is not counted.
-        for _ in range(max(cfg.warmup, 2)):
-            step()
-        peak = meter.peak()
+            barrier()
+            # The peak covers construction and the warm-up steps (at least two: the second is the steady
+            # state); the floor's products run after it, so their own work memory is not counted.
+            first = time_call(step, repeats=1, warmup=0, sync=sync).median
+            for _ in range(max(cfg.warmup, 2) - 1):
+                step()
+            return step, meter.peak(), first
+
+    steps_of = {"eager": build_and_warm(False)}
+    if cfg.compile:
+        steps_of["compiled"] = build_and_warm(True)
     if cfg.floor:
         floor()  # its warm-up: the first call writes its outputs' fresh pages (seconds at R = 1), as a step's first did
-    # Step and floor alternate, so load from other processes on a shared machine hits both alike. Every rank
+    # Steps and floor alternate, so load from other processes on a shared machine hits them alike. Every rank
     # starts each timed call together (the barrier is not timed): without it a rank's step would also time its
     # wait, in the step's first collective, for another rank still in its floor.
-    steps, floors = [], []
+    samples: dict[str, list[float]] = {name: [] for name in steps_of}
+    floors = []
     for _ in range(cfg.repeats):
-        barrier()
-        steps.append(time_call(step, repeats=1, warmup=0, sync=sync).median)
+        for name, (step, _, _) in steps_of.items():
+            barrier()
+            samples[name].append(time_call(step, repeats=1, warmup=0, sync=sync).median)
         barrier()
         floors.append(time_call(floor, repeats=1, warmup=0, sync=sync).median if cfg.floor else 0.0)
-    assert head.num_local == num_local, (head.num_local, num_local)
-    out: dict[str, Any] = {"step": _timing(steps), "step_samples": steps, "peak_mem_bytes": peak,
+    steps = samples["eager"]
+    out: dict[str, Any] = {"step": _timing(steps), "step_samples": steps, "peak_mem_bytes": steps_of["eager"][1],
                            "shard_bytes": num_local * D * 4, "num_local": num_local, "num_sampled": num_sampled,
                            "batch_global": n}
     if cfg.floor:
         out["floor"], out["floor_samples"] = _timing(floors), floors
         out["pair_ratios"] = [a / b for a, b in zip(steps, floors)]
+    if cfg.compile:
+        _, peak, first = steps_of["compiled"]
+        out["compiled"] = {"step": _timing(samples["compiled"]), "step_samples": samples["compiled"],
+                           "peak_mem_bytes": peak, "first_step_s": first}
     return out
 
 
@@ -207,9 +225,7 @@ def _timing(samples: list[float]) -> dict[str, float]:
 
 
 def run(cfg: HeadConfig, world_size: int, timeout: float = 3600.0) -> list[dict[str, Any]]:
-    """Run ``head_rank`` on ``world_size`` spawned local ranks (gloo on CPU, NCCL on CUDA); every rank's figures.
-    The ranks start with glibc's huge-page tunable, as scripts/run.sh and scripts/demo.py start trainers."""
-    os.environ.update(huge_pages_env())
+    """Run ``head_rank`` on ``world_size`` spawned local ranks (gloo on CPU, NCCL on CUDA); every rank's figures."""
     return run_on_local_ranks(head_rank, world_size, cfg, backend="nccl" if cfg.device == "cuda" else "gloo",
                               timeout=timeout)
 
@@ -221,11 +237,12 @@ def slowest_rank(ranks: list[dict[str, Any]], key: str) -> list[float]:
 
 def summarise(cfg: HeadConfig, world_size: int, ranks: list[dict[str, Any]]) -> dict[str, Any]:
     """The JSON payload: the job's medians at the top level (each repeat's slowest rank, see the module
-    docstring), rank 0's memory and its own ratio, every rank's figures below."""
+    docstring), rank 0's memory and its own ratio, every rank's figures below; with ``cfg.compile`` the compiled
+    head's figures under ``compiled``."""
     r0 = ranks[0]
     steps, floors = slowest_rank(ranks, "step_samples"), slowest_rank(ranks, "floor_samples")
     step, floor = _timing(steps), _timing(floors)
-    return {
+    result = {
         "config": {**asdict(cfg), "world_size": world_size},
         "step_s": step["median_s"], "floor_s": floor["median_s"], "ratio": step["median_s"] / floor["median_s"],
         "pair_ratios": [a / b for a, b in zip(steps, floors)],
@@ -235,6 +252,44 @@ def summarise(cfg: HeadConfig, world_size: int, ranks: list[dict[str, Any]]) -> 
         "step": step, "floor": floor, "num_local": r0["num_local"], "num_sampled": r0["num_sampled"],
         "ranks": ranks,
     }
+    if cfg.compile:
+        compiled = slowest_rank([r["compiled"] for r in ranks], "step_samples")
+        timing = _timing(compiled)
+        first = max(r["compiled"]["first_step_s"] for r in ranks)
+        result["compiled"] = {
+            "step_s": timing["median_s"], "ratio": timing["median_s"] / floor["median_s"],
+            "pair_ratios": [a / b for a, b in zip(compiled, floors)], "step": timing,
+            "peak_mem_bytes": r0["compiled"]["peak_mem_bytes"],
+            "peak_over_shard": r0["compiled"]["peak_mem_bytes"] / r0["shard_bytes"],
+            "compile_s": first - timing["median_s"],
+        }
+    return result
+
+
+def _ratio_cell(result: dict[str, Any]) -> str:
+    """``ratio (pairs min-max)`` of a summary or of its ``compiled`` part."""
+    pairs = result["pair_ratios"]
+    return f"{result['ratio']:.2f} ({min(pairs):.2f}-{max(pairs):.2f})"
+
+
+def table(args: argparse.Namespace, result: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
+    """The printed table: the case, step and floor seconds, the eager step/floor, rank 0's own ratio and memory;
+    with ``--compile`` the compiled head's step/floor, memory and compile seconds in columns beside them."""
+    s, f = result["step"], result["floor"]
+    mib = 1 << 20
+    header = ["classes", "R", "ranks x threads", "B/rank", "D", "opt/update", "step s (min-max)", "floor s (min-max)",
+              "eager step/floor (pairs min-max)", "rank 0 / own floor", "peak MiB/rank", "shard MiB", "eager peak/shard"]
+    row = [args.num_classes, args.sample_rate, f"{args.world_size} x {args.threads}", args.batch_size,
+           args.embedding_size, f"{args.optimizer}/{args.update}",
+           f"{s['median_s']:.4f} ({s['min_s']:.4f}-{s['max_s']:.4f})",
+           f"{f['median_s']:.4f} ({f['min_s']:.4f}-{f['max_s']:.4f})",
+           _ratio_cell(result), f"{result['rank0_ratio']:.2f}", f"{result['peak_mem_bytes'] / mib:.0f}",
+           f"{result['shard_bytes'] / mib:.0f}", f"{result['peak_over_shard']:.2f}"]
+    if "compiled" in result:
+        c = result["compiled"]
+        header += ["compiled step/floor (pairs min-max)", "compiled peak/shard", "compile s"]
+        row += [_ratio_cell(c), f"{c['peak_over_shard']:.2f}", f"{c['compile_s']:.1f}"]
+    return header, [row]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -249,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
     parser.add_argument("--update", choices=("sampled", "all"), default="sampled",
                         help="head update: only the sampled rows (default) or every row (arcface_torch's)")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time the head with compile = True (config compile_head), side by side")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--json", help="write the results here")
@@ -258,21 +315,9 @@ def main(argv: list[str] | None = None) -> int:
                      f"{args.world_size}, {args.batch_size}, {args.repeats}, {args.warmup}")
     cfg = HeadConfig(num_classes=args.num_classes, sample_rate=args.sample_rate, batch_size=args.batch_size,
                      embedding_size=args.embedding_size, optimizer=args.optimizer, update=args.update, device=args.device,
-                     threads=args.threads, repeats=args.repeats, warmup=args.warmup)
+                     threads=args.threads, repeats=args.repeats, warmup=args.warmup, compile=args.compile)
     result = summarise(cfg, args.world_size, run(cfg, args.world_size))
-    s, f, pairs = result["step"], result["floor"], result["pair_ratios"]
-    mib = 1 << 20
-    print(markdown_table(
-        ["classes", "R", "ranks x threads", "B/rank", "D", "opt/update", "step s (min-max)", "floor s (min-max)",
-         "step/floor (pairs min-max)", "rank 0 / own floor", "peak MiB/rank", "shard MiB", "peak/shard"],
-        [[args.num_classes, args.sample_rate, f"{args.world_size} x {args.threads}", args.batch_size,
-          args.embedding_size, f"{args.optimizer}/{args.update}",
-          f"{s['median_s']:.4f} ({s['min_s']:.4f}-{s['max_s']:.4f})",
-          f"{f['median_s']:.4f} ({f['min_s']:.4f}-{f['max_s']:.4f})",
-          f"{result['ratio']:.2f} ({min(pairs):.2f}-{max(pairs):.2f})", f"{result['rank0_ratio']:.2f}",
-          f"{result['peak_mem_bytes'] / mib:.0f}",
-          f"{result['shard_bytes'] / mib:.0f}",
-          f"{result['peak_over_shard']:.2f}"]]))
+    print(markdown_table(*table(args, result)))
     write_json(args.json, result)
     return 0
 

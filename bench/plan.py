@@ -1,29 +1,28 @@
 """Predicted Partial FC head memory per GPU (or per CPU rank), from the implementation's allocations.
 
     python bench/plan.py --num-classes 29000000 --gpus 8 --sample-rate 0.1 --embedding-size 512 \
-        --batch-size 128 [--optimizer sgd|adamw] [--dtype fp32|bf16] [--json PATH]
+        --batch-size 128 [--optimizer sgd|adamw] [--dtype fp32|bf16] [--compile] [--json PATH]
 
 The model follows what ``partial_fc.py`` and ``utils/distributed.py`` allocate in one training step on
 the rank with the largest shard (rank 0), with ``L = num_local``, ``C = sampled rows`` (``L`` at
 ``sample_rate = 1``), ``N = batch_size · gpus`` (the gathered batch) and fp32 weights:
 
 * persistent: ``weight (L, D)``; optimizer state (SGD ``momentum_buffer (L, D)``; AdamW ``exp_avg``,
-  ``exp_avg_sq (L, D)`` and ``step (L,)``); on CPU ranks (``row_blocks``) the fused head's cosine buffer
-  ``(N, C)`` fp32, which the next step reuses (``partial_fc._Buffer``; GPUs' caching allocator does that
-  already). Nothing else is kept between steps.
+  ``exp_avg_sq (L, D)`` and ``step (L,)``). Nothing else is kept between steps.
 * sampling (``sample_rate < 1``, before the products): class ids, their hash keys and two temporaries of
   the hash ``(L,)`` int64, the top-k values and indices and the sorted index ``(C,)`` int64.
 * forward: the gathered rows ``(C, D)`` (at ``sample_rate = 1`` the weight itself) and the cosines
   ``(N, C)`` fp32; the margin (ArcFace, CosFace, ``CombinedMarginLoss`` without inter-class filtering) and
-  the cross-entropy are fused into them (``partial_fc._MarginSoftmax``), so the logits are never stored.
-  With the ``fixed_ops`` tactic (GPUs) one ``(N, C)`` work tensor holds a block's logits; with
-  ``row_blocks`` (CPUs) the blocks are cache-sized and not counted. Under bf16 autocast the products add
-  bf16 copies (rows ``(C, D)``, embeddings, the product ``(N, C)``).
-* backward: the same buffer and work tensor (the gradient ``G`` is written over the cosines; bf16 adds its
-  ``(N, C)`` copy for the products); the weight gradient is written over the gathered rows (sampled, fp32),
-  or is a fresh ``(L, D)`` (dense) or ``(C, D)`` (bf16) tensor that lives until the optimizer has used it.
-* optimizer: with the ``row_blocks`` tactic, chunks of ``ROW_CHUNK`` rows: SGD 3 ``(chunk, D)`` work
-  buffers, AdamW 5 plus 2 temporaries; the gradient is alive.
+  the cross-entropy are fused into them (``partial_fc._MarginSoftmax``), so the logits are never stored; one
+  ``(N, C)`` work tensor holds them while their maximum and sum are taken (none with ``--compile``, whose fused
+  loop needs no work tensor). Under bf16 autocast the products add bf16 copies (rows ``(C, D)``, embeddings,
+  the product ``(N, C)``).
+* backward: the cosines and ``g = ∂L/∂cos`` ``(N, C)`` (bf16 adds its ``(N, C)`` copy for the products); the
+  weight gradient is written over the gathered rows (sampled, fp32), or is a fresh ``(L, D)`` (dense) or
+  ``(C, D)`` (bf16) tensor that lives until the optimizer has used it.
+* optimizer: the gradient is alive; SGD's sampled update gathers ``(C, D)`` momentum rows (its decay term is
+  written over the gradient), a dense update nothing; AdamW's sampled update gathers the rows of the weight and
+  both moments and one ``(C, D)`` temporary, a dense update one ``(L, D)`` temporary.
 * communication: the gathered embeddings ``(N, D)`` and their normalised copy, the embedding gradient
   ``(N, D)`` and the reduce-scatter output ``(B, D)``.
 
@@ -41,7 +40,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import markdown_table, write_json  # noqa: E402
-from optimizers import ROW_CHUNK  # noqa: E402
 from partial_fc import class_partition, sample_size  # noqa: E402
 
 FP32, BF16, INT64 = 4, 2, 8
@@ -65,12 +63,11 @@ class Plan:
 
 
 def predict(num_classes: int, world_size: int, sample_rate: float, embedding_size: int, batch_size: int,
-            optimizer: str = "sgd", dtype: str = "fp32", tactic: str = "fixed_ops") -> Plan:
-    """Predicted head memory of rank 0 (the largest shard); ``batch_size`` is per rank; ``tactic`` is the
-    head's (``fixed_ops`` on GPUs, ``row_blocks`` on CPUs)."""
-    if optimizer not in ("sgd", "adamw") or dtype not in ("fp32", "bf16") or tactic not in ("fixed_ops", "row_blocks"):
-        raise ValueError(f"bench/plan.py: optimizer={optimizer!r} dtype={dtype!r} tactic={tactic!r}; expected "
-                         f"sgd|adamw, fp32|bf16 and fixed_ops|row_blocks")
+            optimizer: str = "sgd", dtype: str = "fp32", compiled: bool = False) -> Plan:
+    """Predicted head memory of rank 0 (the largest shard); ``batch_size`` is per rank; ``compiled``: the head's
+    ``compile`` (config ``compile_head``)."""
+    if optimizer not in ("sgd", "adamw") or dtype not in ("fp32", "bf16"):
+        raise ValueError(f"bench/plan.py: optimizer={optimizer!r} dtype={dtype!r}; expected sgd|adamw and fp32|bf16")
     if not 0.0 < sample_rate <= 1.0:
         raise ValueError(f"bench/plan.py: sample_rate={sample_rate} must be in (0, 1]")
     _, L = class_partition(num_classes, world_size, 0)
@@ -85,26 +82,26 @@ def predict(num_classes: int, world_size: int, sample_rate: float, embedding_siz
     # The weight gradient beside the rows: dense (L, D), or fresh fp32 values under bf16 (+ bf16 operands).
     grad = 0 if sampled and not bf16 else (L if not sampled else C) * D * FP32
     bf16_operands = (C * D + N * D) * BF16 if bf16 else 0
-    logits_one = N * C * FP32
-    work = logits_one if tactic == "fixed_ops" else 0  # the block's logits: all rows at once with fixed_ops
-    kept = logits_one if tactic == "row_blocks" else 0  # CPU ranks keep the cosine buffer for the next step
-    # The cosines (later G; on CPU ranks kept between steps) and the work tensor (+ bf16 product or G).
-    logits_fwd = logits_one - kept + work + (N * C * BF16 if bf16 else 0)
-    logits_bwd = logits_fwd
+    block = N * C * FP32  # one (N, C) fp32 tensor
+    logits_fwd = block + (0 if compiled else block) + (N * C * BF16 if bf16 else 0)  # cosines + work (+ bf16 product)
+    logits_bwd = 2 * block + (N * C * BF16 if bf16 else 0)  # cosines, g (+ its bf16 copy)
     comm = 3 * N * D * FP32 + B * D * FP32
     sampling = (4 * L * INT64 + 3 * C * INT64) if sampled else 0
-    chunk = min(ROW_CHUNK, C)
-    opt_work = chunk * D * FP32 * (3 if optimizer == "sgd" else 7)
-    persistent = weights + state + kept
+    grad_rows = C * D * FP32 if sampled else L * D * FP32  # the gradient the optimizer reads
+    if optimizer == "sgd":
+        opt_work = C * D * FP32 if sampled else 0
+    else:
+        opt_work = (4 * C * D + 2 * C) * FP32 if sampled else L * D * FP32
+    persistent = weights + state
     phases = {
         "sampling": persistent + sampling,
         "forward": persistent + rows + bf16_operands + logits_fwd + comm,
         "backward": persistent + rows + bf16_operands + grad + logits_bwd + comm,
-        "optimizer": persistent + rows + grad + opt_work,
+        "optimizer": persistent + grad_rows + opt_work,
     }
     components = {
         "weights": weights, "optimizer_state": state, "sampled_rows_and_grad": rows + grad + bf16_operands,
-        "logits_and_grad": logits_one + work + (N * C * BF16 if bf16 else 0), "communication": comm, "sampling_index": sampling,
+        "logits_and_grad": max(logits_fwd, logits_bwd), "communication": comm, "sampling_index": sampling,
         "optimizer_work": opt_work,
     }
     peak = max(phases.values())
@@ -120,12 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=128, help="per rank")
     parser.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="autocast dtype of the products")
-    parser.add_argument("--tactic", choices=("fixed_ops", "row_blocks"), default="fixed_ops",
-                        help="the head's tactic: fixed_ops on GPUs (default), row_blocks on CPUs")
+    parser.add_argument("--compile", action="store_true", help="the head's compile_head = True")
     parser.add_argument("--json", help="write the prediction here")
     args = parser.parse_args(argv)
     plan = predict(args.num_classes, args.gpus, args.sample_rate, args.embedding_size, args.batch_size,
-                   args.optimizer, args.dtype, args.tactic)
+                   args.optimizer, args.dtype, args.compile)
     gib = float(1 << 30)
     rows = [[name, f"{value / gib:.3f}"] for name, value in plan.components.items()]
     rows += [[f"phase: {name}", f"{value / gib:.3f}"] for name, value in plan.phases.items()]

@@ -21,7 +21,6 @@ import torch
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
 from dataset.images import resize
-from utils.cpu_memory import trim_heap
 from utils.files import atomic_write, path_problem
 
 __all__ = ["BinData", "BadBinError", "RefusedGlobal", "load_bin", "save_bin", "unpickle_bin"]
@@ -168,9 +167,9 @@ def load_bin(path: str | os.PathLike, image_size: tuple[int, int] = (112, 112)) 
 
     ``images`` is a uint8 tensor (2·P, 3, H, W), RGB, the only copy of the decoded set (the flip protocol
     mirrors batches when it embeds them); ``issame`` holds P Python bools. Images whose size differs from
-    ``image_size`` (H, W) are resized. The encoded bytes are released chunk by chunk as they are decoded
-    and the freed heap is handed back to the OS, so what stays resident is about that one copy
-    (``bench/bin_memory.py`` measures it). Raises ``FileNotFoundError`` for a missing file, ``BadBinError``
+    ``image_size`` (H, W) are resized. The encoded bytes are released chunk by chunk as they are decoded, so
+    what stays resident is about that one copy and the heap the encoded file took (``bench/bin_memory.py``
+    measures it). Raises ``FileNotFoundError`` for a missing file, ``BadBinError``
     (a ``ValueError``) whose message starts with the path for a truncated or malformed file or an image
     that does not decode, and ``RefusedGlobal`` (a ``pickle.UnpicklingError``) for a file that refers to
     anything other than bytes, numpy arrays and bools.
@@ -198,9 +197,6 @@ def load_bin(path: str | os.PathLike, image_size: tuple[int, int] = (112, 112)) 
         _decode_into(images, [_as_encoded_tensor(bins[i], path, i) for i in range(start, stop)], start, path)
         bins[start:stop] = [None] * (stop - start)  # the encoded bytes are not needed any more
     del bins
-    # glibc returns freed heap to the OS only from its top; the pickle's thousands of small bytes objects lie
-    # between longer-lived allocations, so without a trim a good part of the file's size stays resident.
-    trim_heap()
     return BinData(images, issame)
 
 

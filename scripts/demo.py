@@ -28,10 +28,8 @@ sys.path.insert(0, str(ROOT))
 
 def run(cmd: list[str], what: str) -> None:
     """Run a step of the demo, streaming its output; stop the demo with its exit code if it fails."""
-    from utils.cpu_memory import huge_pages_env
-
     print(f"\n=== {what}\n$ {' '.join(cmd)}", flush=True)
-    _stop_if_failed(what, subprocess.run(cmd, cwd=ROOT, env=huge_pages_env()).returncode)
+    _stop_if_failed(what, subprocess.run(cmd, cwd=ROOT).returncode)
 
 
 def _stop_if_failed(what: str, returncode: int) -> None:
@@ -48,13 +46,11 @@ def run_side_by_side(steps: list[tuple[list[str], str]]) -> None:
     Two verification passes of one small network each keep one core busy; side by side on two cores they
     take the time of one (torch's intra-op threads gain little on batches of 112x112 images this small).
     """
-    from utils.cpu_memory import huge_pages_env
-
     if len(steps) > (os.cpu_count() or 1):
         for cmd, what in steps:
             run(cmd, what)
         return
-    env = huge_pages_env({**os.environ, "OMP_NUM_THREADS": "1"})
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for cmd, _ in steps]
     outputs = [proc.communicate()[0] for proc in procs]

@@ -34,6 +34,4 @@ else
 fi
 python=${PYTHON:-python3}
 [ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && python=.venv/bin/python
-# glibc: transparent huge pages for large tensors (fewer page faults on the CPU; utils/cpu_memory.py).
-case ":${GLIBC_TUNABLES:-}:" in *:glibc.malloc.hugetlb=*) ;; *) export GLIBC_TUNABLES="${GLIBC_TUNABLES:+$GLIBC_TUNABLES:}glibc.malloc.hugetlb=1" ;; esac
 exec "$python" -m torch.distributed.run --standalone --nproc_per_node="$nproc" train.py "$config" "$@"

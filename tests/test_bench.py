@@ -30,7 +30,7 @@ def _measure(rank: int, world: int, cases: list[tuple[float, str]]) -> list[int]
 def test_plan_predicts_measured_peak_within_15_percent():
     measured = run_on_local_ranks(_measure, 1, CASES, timeout=110)[0]
     for (rate, opt), peak in zip(CASES, measured):
-        plan = predict(CLASSES, 1, rate, D, B, opt, tactic="row_blocks")  # the CPU's tactic
+        plan = predict(CLASSES, 1, rate, D, B, opt)
         assert abs(peak - plan.peak_bytes) <= 0.15 * plan.peak_bytes, (
             f"sample_rate={rate} {opt}: measured {peak / 2**20:.1f} MiB, predicted {plan.peak_bytes / 2**20:.1f} MiB "
             f"({plan.phases})")
@@ -41,13 +41,12 @@ def test_plan_components_follow_the_shapes():
     assert sgd.num_local == 500 and sgd.num_sampled == 50 and sgd.shard_bytes == 500 * 8 * 4
     assert sgd.components["weights"] == sgd.components["optimizer_state"] == 500 * 8 * 4
     assert adamw.components["optimizer_state"] == 2 * 500 * 8 * 4 + 500 * 4
-    assert sgd.components["logits_and_grad"] == 2 * 8 * 50 * 4  # the cosines (later G) and fixed_ops' work tensor
-    assert predict(1000, 2, 0.1, 8, 4, tactic="row_blocks").components["logits_and_grad"] == 8 * 50 * 4
+    assert sgd.components["logits_and_grad"] == 2 * 8 * 50 * 4  # the cosines and the work tensor, later g
+    compiled = predict(1000, 2, 0.1, 8, 4, compiled=True)  # no work tensor in the forward; g in the backward
+    assert compiled.phases["forward"] < sgd.phases["forward"] and compiled.phases["backward"] == sgd.phases["backward"]
     assert predict(1000, 2, 1.0, 8, 4).components["sampling_index"] == 0
     with pytest.raises(ValueError, match="optimizer='lamb'"):
         predict(1000, 2, 0.1, 8, 4, "lamb")
-    with pytest.raises(ValueError, match="tactic='fast'"):
-        predict(1000, 2, 0.1, 8, 4, tactic="fast")
 
 
 def _run_script(args: list[str], out: Path, timeout: float) -> dict:
@@ -71,6 +70,23 @@ def test_head_bench_end_to_end(tmp_path):
     for rank in result["ranks"]:
         assert len(rank["step_samples"]) == len(rank["floor_samples"]) == 2
         assert max(rank["floor_samples"]) <= result["floor"]["max_s"]  # the job floor: each repeat's slowest rank
+
+
+@pytest.mark.timeout(240)
+def test_head_bench_times_the_compiled_head_beside_the_eager_one(tmp_path):
+    """``--compile``: the compiled head's ratio, memory and compile seconds, in columns beside the eager ones."""
+    args = ["bench/head.py", "--num-classes", "2000", "--sample-rate", "0.5", "--world-size", "2", "--batch-size", "8",
+            "--embedding-size", "16", "--repeats", "2", "--warmup", "1", "--compile"]
+    out = tmp_path / "head.json"
+    proc = subprocess.run([sys.executable, *args, "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=220)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    header = proc.stdout.splitlines()[0]
+    for column in ("eager step/floor", "compiled step/floor", "compiled peak/shard", "compile s"):
+        assert column in header, header
+    compiled = json.loads(out.read_text())["compiled"]
+    assert compiled["ratio"] > 0 and len(compiled["pair_ratios"]) == 2 and compiled["compile_s"] > 0
+    assert compiled["step"]["min_s"] <= compiled["step_s"] <= compiled["step"]["max_s"]
 
 
 def test_head_ratio_takes_each_repeats_slowest_rank():
@@ -103,12 +119,3 @@ def test_plan_cli_json(tmp_path):
                           "--embedding-size", "512", "--batch-size", "128"], tmp_path / "plan.json", timeout=60)
     plan = result["plan"]
     assert plan["num_local"] == 3_625_000 and plan["peak_bytes"] == max(plan["phases"].values())
-
-
-def test_huge_pages_env_adds_the_tunable_once():
-    from utils.cpu_memory import huge_pages_env
-
-    assert huge_pages_env({})["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
-    kept = huge_pages_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2", "X": "1"})
-    assert kept == {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1", "X": "1"}
-    assert huge_pages_env({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"})["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=0"

@@ -1,7 +1,7 @@
 """CUDA checks (``pytest -m cuda``; ``make gpu-check`` runs them): what only a GPU can show.
 
 The CPU suite collects and skips them. Each compares the CUDA path with the CPU result or checks a
-property the CPU proxies (tests/test_tactics.py, tests/test_step.py) can only argue for: the head on CUDA
+property the CPU proxies (tests/test_op_counts.py, tests/test_step.py) can only argue for: the head on CUDA
 equals the CPU head (fp32 to 1e-5, bf16 within 2e-2, fp16 within 1e-2), a head step synchronises with the host at most
 twice, a 1-rank NCCL group trains through train.py, fp16 (loss scaler) and bf16 steps run and skip
 together, the CUDA prefetch loader gives the CPU loader's batches, and DALI reads a rec when installed.
@@ -59,7 +59,8 @@ def test_head_on_cuda_equals_the_cpu_head(rate):
 
 def test_head_step_synchronises_at_most_twice():
     from losses import CosFace
-    from partial_fc import PartialFC, build_head_optimizer
+    from optimizers import build_head_optimizer
+    from partial_fc import PartialFC
 
     torch.manual_seed(0)
     head = PartialFC(CosFace(), D, 1_000_000, sample_rate=0.1).cuda()

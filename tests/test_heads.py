@@ -2,7 +2,7 @@
 sub-centres (`sub_centers`), arcface_torch's update of every row (`head_update = "all"`).
 
 Their numerics against single-process references are in test_losses.py, test_partial_fc.py and
-test_tactics.py; here: the keys' rules and fingerprint, AdaFace's statistics in checkpoints, a 2-rank torchrun
+test_op_counts.py; here: the keys' rules and fingerprint, AdaFace's statistics in checkpoints, a 2-rank torchrun
 run with all three, its resume (same losses and weights as the uninterrupted run) and its head re-partitioned
 onto 3 ranks.
 """

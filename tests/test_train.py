@@ -233,6 +233,20 @@ def test_compile_key_trains_the_compiled_backbone_and_saves_the_plain_one(tmp_pa
     model.load_state_dict(load_model(tmp_path), strict=True)  # model.pt holds no "_orig_mod." prefix
 
 
+@pytest.mark.timeout(300)
+def test_compile_head_key_trains_like_the_eager_head(tmp_path):
+    """``compile_head = True`` (docs/partial_fc.md): the fused head's local parts through torch.compile (inductor's
+    C++ here) train the same steps as the eager head: logged losses and the saved backbone to rounding."""
+    runs = {}
+    for name, sets in (("eager", ()), ("compiled", ("compile_head=true",))):
+        train(CONFIG, tmp_path / name, "max_steps=4", "frequent=1", "save_every_steps=4", *sets)
+        runs[name] = (logged_losses(tmp_path / name), load_model(tmp_path / name))
+    (eager, eager_model), (compiled, compiled_model) = runs["eager"], runs["compiled"]
+    assert sorted(eager) == sorted(compiled) == [1, 2, 3, 4]
+    assert all(abs(float(eager[k]) - float(compiled[k])) <= 1e-4 * abs(float(eager[k])) for k in eager), (eager, compiled)
+    assert max_difference(eager_model, compiled_model) < 1e-4
+
+
 def _ddp_warnings(rank: int, world_size: int) -> list[str]:
     import warnings
 

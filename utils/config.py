@@ -48,14 +48,14 @@ SECRET_KEYS = frozenset({"wandb_key"})  # shown as "<hidden>" in logs and never 
 
 # Keys that do not change what the model learns: operational settings (where and how often to write, log,
 # evaluate; how many loader workers; how long to wait for peers) and settings that change speed or numerics
-# only at rounding level (device, channels_last, compile, tf32), and the loader (dali: DALI shuffles and flips
+# only at rounding level (device, channels_last, compile, compile_head, tf32), and the loader (dali: DALI shuffles and flips
 # with its own random streams, so a run that switches it keeps training on the same data in another order).
 # Every other key enters the fingerprint, so a checkpoint is resumed automatically only by a run that would
 # have produced the same training trajectory with the same loader.
 FINGERPRINT_EXCLUDED = frozenset({
     "output", "resume", "auto_resume", "archive_checkpoints", "save_all_states", "save_every_steps",
     "keep_checkpoints", "verbose", "frequent", "val_targets", "num_workers", "dali", "device", "channels_last",
-    "compile", "compile_backend", "tf32", "cudnn_benchmark", "dist_timeout_minutes", "max_nonfinite_steps",
+    "compile", "compile_backend", "compile_head", "tf32", "cudnn_benchmark", "dist_timeout_minutes", "max_nonfinite_steps",
     "using_wandb", "wandb_key", "wandb_entity", "wandb_project", "suffix_run_name", "notes", "wandb_log_all",
     "save_artifacts", "wandb_resume",
 })

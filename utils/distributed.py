@@ -30,7 +30,7 @@ import queue as queue_module
 import socket
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -38,10 +38,9 @@ import torch.multiprocessing as mp
 from torch import Tensor
 
 __all__ = [
-    "TACTICS", "EarlyGradient", "Tactic", "all_gather_cat", "all_gather_sizes", "all_reduce", "barrier",
-    "broadcast_ints", "collective_device", "free_port", "get_rank", "get_world_size", "init_process_group",
-    "is_distributed", "pick_device", "resolve_tactic", "rows_per_block", "run_on_local_ranks",
-    "sharded_cross_entropy", "sharded_log_sum_exp", "to_host", "wrap_ddp",
+    "EarlyGradient", "all_gather_cat", "all_gather_sizes", "all_reduce", "barrier", "broadcast_ints",
+    "collective_device", "free_port", "get_rank", "get_world_size", "init_process_group", "is_distributed",
+    "pick_device", "run_on_local_ranks", "sharded_cross_entropy", "sharded_log_sum_exp", "to_host", "wrap_ddp",
 ]
 
 logger = logging.getLogger(__name__)
@@ -374,33 +373,6 @@ class _ScaleGrad(torch.autograd.Function):
         return grad * ctx.scale, None
 
 
-Tactic = Literal["auto", "row_blocks", "fixed_ops"]
-TACTICS = ("auto", "row_blocks", "fixed_ops")
-
-
-def resolve_tactic(tactic: Tactic, device: torch.device | str) -> Literal["row_blocks", "fixed_ops"]:
-    """How the head's large element-wise passes are laid out on ``device``.
-
-    ``"row_blocks"`` (the CPU's): passes over a ``(B, C)`` tensor run on blocks of rows of ~1 MiB, so that
-    several passes reuse a block while it is in cache. ``"fixed_ops"`` (accelerators'): every pass is one
-    operation on the whole tensor, so a step is a fixed number of kernel launches whatever B and C are
-    (thousands of tiny blocks would leave a GPU idle between launches). ``"auto"`` picks ``"row_blocks"``
-    on the CPU and ``"fixed_ops"`` elsewhere. Both give the same values.
-    """
-    if tactic not in TACTICS:
-        raise ValueError(f"tactic={tactic!r} is unknown; expected one of {TACTICS}")
-    if tactic != "auto":
-        return tactic
-    return "row_blocks" if torch.device(device).type == "cpu" else "fixed_ops"
-
-
-def rows_per_block(columns: int, rows: int, tactic: Literal["row_blocks", "fixed_ops"]) -> int:
-    """Rows per block of a ``(rows, columns)`` fp32 pass: ~1 MiB blocks for ``row_blocks``, all rows otherwise."""
-    if tactic == "fixed_ops":
-        return max(rows, 1)
-    return max(1, (1 << 18) // max(columns, 1))
-
-
 def sharded_log_sum_exp(local_max: Tensor, local_sum: Tensor, target_logit: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Every rank's share of a softmax over columns sharded across ranks, combined: ``(row_max, sum_exp,
     target_logit)``, each ``(B,)`` and the same on every rank.
@@ -432,27 +404,23 @@ class _ShardedCrossEntropy(torch.autograd.Function):
     the exact partial derivative for its own columns.
     The target column is read and written with gather/scatter over every row (rows whose class is
     elsewhere read column 0 and contribute 0), so no step depends on how many rows are local: no host
-    synchronisation, and a fixed number of operations with the ``fixed_ops`` tactic.
+    synchronisation, and a fixed number of operations.
     """
 
     @staticmethod
-    def forward(ctx, logits: Tensor, target: Tensor, tactic: str) -> Tensor:
+    def forward(ctx, logits: Tensor, target: Tensor) -> Tensor:
         batch, classes = logits.shape
         here = target >= 0  # (B,) the class is one of this rank's columns
         col = target.clamp(0, max(classes - 1, 0))[:, None]  # (B, 1)
-        local_max = logits.new_full((batch,), float("-inf"))  # (B,)
-        local_sum = logits.new_zeros((batch,))  # (B,)
-        step = rows_per_block(classes, batch, tactic)
-        for start in range(0, batch if classes > 0 else 0, step):  # one read of the logits, block by block
-            block = logits[start: start + step]  # (step, C_r)
-            # amax: max(dim) also computes the arg max, ~2x slower
-            torch.amax(block, dim=1, out=local_max[start: start + step])
-            torch.sum((block - local_max[start: start + step, None]).exp_(), dim=1,
-                      out=local_sum[start: start + step])
-        target_logit = torch.where(here, logits.gather(1, col)[:, 0], 0.0) if classes > 0 else local_sum.new_zeros(batch)
+        if classes > 0:
+            local_max = torch.amax(logits, dim=1)  # (B,) amax: max(dim) also computes the arg max
+            local_sum = (logits - local_max[:, None]).exp_().sum(dim=1)  # (B,)
+            target_logit = torch.where(here, logits.gather(1, col)[:, 0], 0.0)  # (B,)
+        else:
+            local_max = logits.new_full((batch,), float("-inf"))  # (B,)
+            local_sum, target_logit = logits.new_zeros((batch,)), logits.new_zeros((batch,))  # (B,) each
         row_max, sum_exp, target_logit = sharded_log_sum_exp(local_max, local_sum, target_logit)
         loss = (torch.log(sum_exp) + row_max - target_logit).mean()
-        ctx.tactic = tactic
         ctx.save_for_backward(logits, row_max, sum_exp, here, col)
         return loss
 
@@ -461,26 +429,20 @@ class _ShardedCrossEntropy(torch.autograd.Function):
         logits, row_max, sum_exp, here, col = ctx.saved_tensors
         # The logits are a temporary of the head (the margin's output): overwrite them with the gradient.
         # A second backward through this graph fails autograd's version check instead of reading garbage.
-        grad = logits  # (B, C_r)
-        scale = grad_loss / grad.shape[0]
-        coef = scale / sum_exp  # (B,)
-        step = rows_per_block(grad.shape[1], grad.shape[0], ctx.tactic)
-        for start in range(0, grad.shape[0], step):  # three operations per block while it is in cache
-            block = grad[start: start + step]  # (step, C_r)
-            block.sub_(row_max[start: start + step, None]).exp_().mul_(coef[start: start + step, None])
+        scale = grad_loss / logits.shape[0]
+        grad = logits.sub_(row_max[:, None]).exp_().mul_((scale / sum_exp)[:, None])  # (B, C_r) softmax / B
         if grad.shape[1] > 0:
             grad.scatter_add_(1, col, torch.where(here, -scale, 0.0)[:, None].to(grad.dtype))
-        return grad, None, None
+        return grad, None
 
 
-def sharded_cross_entropy(logits: Tensor, target: Tensor, tactic: Tactic = "auto") -> Tensor:
+def sharded_cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
     """Mean cross-entropy of ``logits (B, C_local)`` whose classes are sharded over ranks.
 
     ``target (B,)`` holds each row's local column or -1 where another rank owns the class; every rank
     must pass the same B rows. Returns the same fp32 scalar on every rank (see ``_ShardedCrossEntropy``).
-    ``logits`` is overwritten by its gradient during backward: pass a temporary. ``tactic``: see
-    ``resolve_tactic`` (the default follows the logits' device).
+    ``logits`` is overwritten by its gradient during backward: pass a temporary.
     """
     if logits.shape[0] == 0:
         raise ValueError("sharded_cross_entropy: the batch is empty (0 rows); the mean loss is undefined")
-    return _ShardedCrossEntropy.apply(logits.float(), target, resolve_tactic(tactic, logits.device))
+    return _ShardedCrossEntropy.apply(logits.float(), target)
