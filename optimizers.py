@@ -128,12 +128,13 @@ class RowSparseSGD(_RowSparseOptimizer):
         p.add_(buf, alpha=-group["lr"])
 
     def _update_rows(self, group, p, state, rows, grad) -> None:
-        # The same on gathered rows; the step is added in place (index_add_) instead of gathering, updating and
-        # scattering back the weight rows.
-        wd = group["weight_decay"]
-        d = grad.add_(torch.index_select(p, 0, rows), alpha=wd) if wd != 0 else grad  # (n, D)
-        buf = state["momentum_buffer"].index_select(0, rows).mul_(group["momentum"]).add_(d)  # (n, D)
-        state["momentum_buffer"].index_copy_(0, rows, buf)
+        # The same on gathered rows, in one (n, D) work tensor: the rows' weights for the decay term, then their
+        # momentum; the step is added in place (index_add_) instead of scattering updated weight rows back.
+        wd, momentum = group["weight_decay"], state["momentum_buffer"]
+        work = torch.index_select(p, 0, rows) if wd != 0 else None  # (n, D)
+        d = grad.add_(work, alpha=wd) if wd != 0 else grad  # (n, D)
+        buf = torch.index_select(momentum, 0, rows, out=work).mul_(group["momentum"]).add_(d)  # (n, D)
+        momentum.index_copy_(0, rows, buf)
         p.index_add_(0, rows, buf, alpha=-group["lr"])
 
 

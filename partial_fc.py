@@ -107,16 +107,16 @@ def _init_rows(seed: int, class_start: int, num_local: int, dim: int) -> Tensor:
     return out
 
 
-def _mix31(x: Tensor) -> Tensor:
-    """A 31-bit integer hash of int64 values in ``[0, 2^31)`` (xor-shift / multiply rounds).
+def _mix31_(x: Tensor, work: Tensor) -> Tensor:
+    """A 31-bit integer hash of int64 values in ``[0, 2^31)`` (xor-shift / multiply rounds), in place; ``work`` is
+    a tensor of ``x``'s shape and dtype that it overwrites.
 
     Every product stays below 2^58, so the arithmetic is exact int64 on every device: the CPU and a GPU
     compute the same bits, and so sample the same classes.
     """
     for _ in range(2):
-        x = torch.bitwise_xor(x, x >> 16)
-        x = (x * 0x45D9F3B) & _M31
-    return torch.bitwise_xor(x, x >> 16)
+        x.bitwise_xor_(torch.bitwise_right_shift(x, 16, out=work)).mul_(0x45D9F3B).bitwise_and_(_M31)
+    return x.bitwise_xor_(torch.bitwise_right_shift(x, 16, out=work))
 
 
 def _sampling_keys(class_ids: Tensor, seed: Tensor) -> Tensor:
@@ -124,11 +124,13 @@ def _sampling_keys(class_ids: Tensor, seed: Tensor) -> Tensor:
 
     ``key = hash(class id, seed) · 2^32 + class id``: the hash (30 bits) orders the classes, the class id
     in the low bits makes every key distinct, so ``topk`` has no ties to break and chooses the same set on
-    every device.
+    every device. Two ``class_ids``-sized tensors: the keys and one work tensor.
     """
-    hashed = _mix31(torch.bitwise_xor(class_ids & _M31, seed) & _M31)
-    hashed = _mix31(torch.bitwise_xor(hashed, (seed * 0x2545F49) & _M31)) & _M30
-    return (hashed << 32) | class_ids
+    keys = torch.bitwise_and(class_ids, _M31).bitwise_xor_(seed).bitwise_and_(_M31)  # (L,)
+    work = torch.empty_like(keys)  # (L,)
+    _mix31_(keys, work).bitwise_xor_((seed * 0x2545F49) & _M31)
+    _mix31_(keys, work).bitwise_and_(_M30)
+    return keys.bitwise_left_shift_(32).bitwise_or_(class_ids)
 
 
 class _Saved(NamedTuple):
@@ -169,26 +171,31 @@ def _cosine_products(emb: Tensor, weight: Tensor, index: Tensor | None) -> tuple
     return prod, e_norm, compute_dtype, _Saved(e_hat, rows, inv_e, inv_w, e_norm > _NORM_EPS, w_norm > _NORM_EPS)
 
 
-def _cosine_products_backward(ctx, saved: _Saved, g: Tensor, g_memory: Tensor, dot_w: Tensor,
-                              dot_e: Tensor) -> tuple[Tensor | None, Tensor | None]:
-    """The backward half both head functions share: ``(∂L/∂emb, ∂L/∂weight)`` from ``g = ∂L/∂cos (B, C·K)``,
-    ``dot_w = Σ_b g⊙cos (C·K,)`` and ``dot_e = Σ_c g⊙cos (B,)`` (see ``_NormalizedLinear``). ``g_memory`` is a
-    ``(B, C·K)`` fp32 tensor that ``G = g·diag(1/|W|)`` may be written into (``g`` itself when the caller owns it).
-    ``ctx`` carries ``compute_dtype``, ``index``, ``sparse``, ``weight_shape``, ``early`` and ``needs_input_grad``
-    (emb first, weight second)."""
-    e_hat, rows, inv_e, inv_w, e_ok, w_ok = saved
-    cd, index = ctx.compute_dtype, ctx.index
-    dot_w.mul_(w_ok)  # (C·K,) ŵ·∂L/∂ŵ
-    dot_e.mul_(e_ok)  # (B,) ê·∂L/∂ê
+def _product_operands(cd: torch.dtype, g: Tensor, g_memory: Tensor, rows: Tensor,
+                      inv_w: Tensor) -> tuple[Tensor, Tensor]:
+    """``(left (B, C·K), right (C·K, D))`` of the backward's products in the compute dtype ``cd``, from ``g =
+    ∂L/∂cos``: ``G = g·diag(1/|W|)`` and the centres ``W`` (fp32 and bf16; ``G`` is written into ``g_memory``, a
+    ``(B, C·K)`` fp32 tensor the caller no longer needs, or ``g`` itself), or ``g`` and the unit centres ``W/|W|``
+    (fp16). Once they are formed the caller may drop ``g``: only ``left`` is read after."""
     if cd == torch.float16:
         # fp16's range ends at 65504: its operands are g (B, C·K) and the unit rows ŵ = W/|W| (C·K, D), as in a head
         # that normalises its weight first. G = g/|w| is 1/|w| larger (~4 at initialisation with D = 512) and,
         # carrying the loss scale, overflows steps that g does not. ∂W's product is scaled by 1/|W| after.
-        left = g.to(cd)  # (B, C·K)
-        right = torch.mul(rows, inv_w[:, None], out=torch.empty(rows.shape, dtype=cd, device=rows.device))  # (C·K, D)
-    else:
-        big_g = torch.mul(g, inv_w, out=g_memory)  # (B, C·K) G
-        left, right = (big_g, rows) if cd == torch.float32 else (big_g.to(cd), rows.to(cd))  # bf16: fp32's range
+        return g.to(cd), torch.mul(rows, inv_w[:, None], out=torch.empty(rows.shape, dtype=cd, device=rows.device))
+    big_g = torch.mul(g, inv_w, out=g_memory)  # (B, C·K) G
+    return (big_g, rows) if cd == torch.float32 else (big_g.to(cd), rows.to(cd))  # bf16: fp32's range
+
+
+def _cosine_products_backward(ctx, saved: _Saved, left: Tensor, right: Tensor, dot_w: Tensor,
+                              dot_e: Tensor) -> tuple[Tensor | None, Tensor | None]:
+    """The backward half both head functions share: ``(∂L/∂emb, ∂L/∂weight)`` from the products' operands
+    (``_product_operands``), ``dot_w = Σ_b g⊙cos (C·K,)`` and ``dot_e = Σ_c g⊙cos (B,)`` (``g = ∂L/∂cos``, see
+    ``_NormalizedLinear``). ``ctx`` carries ``compute_dtype``, ``index``, ``sparse``, ``weight_shape``, ``early``
+    and ``needs_input_grad`` (emb first, weight second)."""
+    e_hat, rows, inv_e, inv_w, e_ok, w_ok = saved
+    cd, index = ctx.compute_dtype, ctx.index
+    dot_w.mul_(w_ok)  # (C·K,) ŵ·∂L/∂ŵ
+    dot_e.mul_(e_ok)  # (B,) ê·∂L/∂ê
     grad_emb = grad_weight = None
     if ctx.needs_input_grad[0]:
         d_e_hat = torch.mm(left, right) if cd == torch.float32 else torch.mm(left, right).float()  # (B, D)
@@ -257,31 +264,36 @@ class _NormalizedLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor, _grad_norm: Tensor | None):
         *saved, cos = ctx.saved_tensors
+        saved = _Saved(*saved)
         prod = cos.mul_(grad)  # (B, C·K) g⊙cos, over the cosines
-        grads = _cosine_products_backward(ctx, _Saved(*saved), grad, prod, prod.sum(dim=0), prod.sum(dim=1))
-        return *grads, None, None, None
+        dot_w, dot_e = prod.sum(dim=0), prod.sum(dim=1)
+        left, right = _product_operands(ctx.compute_dtype, grad, prod, saved.rows, saved.inv_w)
+        return *_cosine_products_backward(ctx, saved, left, right, dot_w, dot_e), None, None, None
 
 
 def softmax_statistics(prod: Tensor, inv_w: Tensor, s: float, target_logit: Tensor, here: Tensor,
-                       col: Tensor) -> tuple[Tensor, Tensor]:
-    """The fused head's collective-free forward: ``prod (B, C)`` (``ê·Wᵀ``) becomes the cosines in place
-    (``· diag(1/|W|)``); returns each row's largest logit and ``Σ exp(logit − largest)`` over this rank's columns,
-    ``(B,)`` each, for the logits ``s·cos`` with each row's target column (where ``here``) set to
-    ``target_logit (B, 1)``. One ``(B, C)`` work tensor."""
+                       col: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The fused head's collective-free forward. ``prod (B, C)`` (``ê·Wᵀ``) becomes the cosines in place
+    (``· diag(1/|W|)``); the logits are ``s·cos`` with each row's target column (where ``here``) set to
+    ``target_logit (B, 1)``. Returns ``(exps (B, C), local_max (B,), local_sum (B,))``: each row's largest logit,
+    ``exp(logit − largest)`` and its sum over this rank's columns. ``exps`` is the one ``(B, C)`` tensor besides
+    the cosines; the backward turns it into the gradient."""
     cos = prod.mul_(inv_w)  # (B, C)
     logits = _logits(cos, s, target_logit, here, col)  # (B, C)
     local_max = logits.amax(dim=1)  # (B,)
-    return local_max, logits.sub_(local_max[:, None]).exp_().sum(dim=1)
+    exps = logits.sub_(local_max[:, None]).exp_()  # (B, C)
+    return exps, local_max, exps.sum(dim=1)
 
 
-def softmax_gradient(cos: Tensor, s: float, scale: Tensor, coef: Tensor, row_max: Tensor, target_logit: Tensor,
-                     slope: Tensor, here: Tensor, col: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def softmax_gradient(cos: Tensor, exps: Tensor, row_coef: Tensor, scale: Tensor, s: float, slope: Tensor,
+                     here: Tensor, col: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """The fused head's collective-free backward: ``(g, Σ_b g⊙cos (C,), Σ_c g⊙cos (B,))`` with ``g = ∂L/∂cos
-    (B, C)``: ``s·softmax·scale`` off target and ``slope·(softmax − 1)·scale`` on it (``coef = scale / Σexp``,
-    ``scale = ∂L/∂loss / B``). ``cos`` is overwritten by ``g⊙cos``. One ``(B, C)`` tensor besides ``cos``: g."""
-    p = _logits(cos, s, target_logit, here, col).sub_(row_max[:, None]).exp_().mul_(coef[:, None])  # (B, C)
-    p_t = p.gather(1, col)  # (B, 1)
-    g = p.mul_(s).scatter_(1, col, torch.where(here, (p_t - scale) * slope, p_t * s))  # (B, C) ∂L/∂cos
+    (B, C)``, written over ``exps``: ``s·softmax·scale`` off target and ``slope·(softmax − 1)·scale`` on it, where
+    ``softmax = exps · row_coef / scale`` (``row_coef (B,)`` folds the global maximum, the global sum of
+    exponentials and ``scale = ∂L/∂loss / B``). ``cos`` is overwritten by ``g⊙cos``: no ``(B, C)`` tensor is
+    allocated."""
+    p_t = exps.gather(1, col) * row_coef[:, None]  # (B, 1) softmax·scale at the target column
+    g = exps.mul_((row_coef * s)[:, None]).scatter_(1, col, torch.where(here, (p_t - scale) * slope, p_t * s))
     prod = cos.mul_(g)  # (B, C) g⊙cos, over the cosines, which are no longer needed
     return g, prod.sum(dim=0), prod.sum(dim=1)
 
@@ -317,11 +329,12 @@ class _MarginSoftmax(torch.autograd.Function):
     ...)))``.
 
     The logits are never stored: non-target logits are ``s·cos``, target logits come from the margin, so the
-    cosines are reduced to each row's maximum and sum of exponentials (``softmax_statistics``;
-    ``sharded_log_sum_exp`` combines the ranks). The backward recomputes the logits the same way and forms
-    ``g = ∂L/∂cos`` (``s·softmax`` off target, ``slope·(softmax − 1)`` on it, over the batch) and the sums of
-    ``g⊙cos`` (``softmax_gradient``). A step holds the ``(B, C)`` cosines and one ``(B, C)`` work tensor, against
-    the unfused chain's logits, their gradient and its temporaries.
+    cosines are reduced to each row's maximum and its exponentials (``softmax_statistics``;
+    ``sharded_log_sum_exp`` combines the ranks' sums). The exponentials are kept for the backward, which scales
+    them in place into ``g = ∂L/∂cos`` (``s·softmax`` off target, ``slope·(softmax − 1)`` on it, over the batch)
+    and reduces ``g⊙cos`` (``softmax_gradient``). A step holds two ``(B, C)`` tensors, the cosines and the
+    exponentials (later ``g``, then ``G``), against the unfused chain's logits, their gradient and its
+    temporaries; the head's backward, the first of the step's backward, allocates none.
     """
 
     @staticmethod
@@ -333,21 +346,28 @@ class _MarginSoftmax(torch.autograd.Function):
         here = (target >= 0)[:, None]  # (B, 1)
         col = target.clamp_min(0)[:, None]  # (B, 1)
         target_logit, slope = margin.target_logits(prod.gather(1, col) * saved.inv_w[col])  # (B, 1) each
-        local_max, local_sum = statistics(prod, saved.inv_w, s, target_logit, here, col)  # prod is now cos
+        exps, local_max, local_sum = statistics(prod, saved.inv_w, s, target_logit, here, col)  # prod: now cos
         row_max, sum_exp, total_target = sharded_log_sum_exp(
             local_max, local_sum, torch.where(here, target_logit, 0.0)[:, 0])
         loss = (torch.log(sum_exp) + row_max - total_target).mean()
+        to_softmax = torch.exp(local_max - row_max) / sum_exp  # (B,) exps · to_softmax is the softmax
         ctx.s, ctx.early, ctx.index, ctx.sparse, ctx.weight_shape = s, early, index, sparse, weight.shape
-        ctx.save_for_backward(*saved, prod, row_max, sum_exp, target_logit, slope, here, col)
+        ctx.save_for_backward(*saved, to_softmax, slope, here, col)
+        # The two (B, C) intermediates are the function's own, not inputs or outputs: kept on ctx, so that the
+        # backward can release them before it allocates the weight's gradient (a whole shard at sample rate 1).
+        ctx.cos, ctx.exps = prod, exps
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor):
-        *saved, cos, row_max, sum_exp, target_logit, slope, here, col = ctx.saved_tensors
+        *saved, to_softmax, slope, here, col = ctx.saved_tensors
+        saved = _Saved(*saved)
+        cos, exps, ctx.cos, ctx.exps = ctx.cos, ctx.exps, None, None
         scale = grad_loss / cos.shape[0]  # ()
-        g, dot_w, dot_e = ctx.gradient(cos, ctx.s, scale, scale / sum_exp, row_max, target_logit, slope, here, col)
-        grads = _cosine_products_backward(ctx, _Saved(*saved), g, g, dot_w, dot_e)
-        return *grads, None, None, None, None, None, None
+        g, dot_w, dot_e = ctx.gradient(cos, exps, to_softmax * scale, scale, ctx.s, slope, here, col)  # g: exps'
+        left, right = _product_operands(ctx.compute_dtype, g, cos, saved.rows, saved.inv_w)  # G: over the cosines
+        del cos, exps, g  # only `left` of the (B, C) tensors is read from here on
+        return *_cosine_products_backward(ctx, saved, left, right, dot_w, dot_e), None, None, None, None, None, None
 
 
 class PartialFC(nn.Module):

@@ -1,7 +1,7 @@
 """Predicted Partial FC head memory per GPU (or per CPU rank), from the implementation's allocations.
 
     python bench/plan.py --num-classes 29000000 --gpus 8 --sample-rate 0.1 --embedding-size 512 \
-        --batch-size 128 [--optimizer sgd|adamw] [--dtype fp32|bf16] [--compile] [--json PATH]
+        --batch-size 128 [--optimizer sgd|adamw] [--dtype fp32|bf16] [--json PATH]
 
 The model follows what ``partial_fc.py`` and ``utils/distributed.py`` allocate in one training step on
 the rank with the largest shard (rank 0), with ``L = num_local``, ``C = sampled rows`` (``L`` at
@@ -13,16 +13,17 @@ the rank with the largest shard (rank 0), with ``L = num_local``, ``C = sampled 
   the hash ``(L,)`` int64, the top-k values and indices and the sorted index ``(C,)`` int64.
 * forward: the gathered rows ``(C, D)`` (at ``sample_rate = 1`` the weight itself) and the cosines
   ``(N, C)`` fp32; the margin (ArcFace, CosFace, ``CombinedMarginLoss`` without inter-class filtering) and
-  the cross-entropy are fused into them (``partial_fc._MarginSoftmax``), so the logits are never stored; one
-  ``(N, C)`` work tensor holds them while their maximum and sum are taken (none with ``--compile``, whose fused
-  loop needs no work tensor). Under bf16 autocast the products add bf16 copies (rows ``(C, D)``, embeddings,
-  the product ``(N, C)``).
-* backward: the cosines and ``g = ∂L/∂cos`` ``(N, C)`` (bf16 adds its ``(N, C)`` copy for the products); the
+  the cross-entropy are fused into them (``partial_fc._MarginSoftmax``), so the logits are never stored; their
+  exponentials ``(N, C)`` are kept for the backward (with ``compile_head`` too). Under bf16 autocast the products
+  add bf16 copies (rows ``(C, D)``, embeddings, the product ``(N, C)``).
+* backward: the same two ``(N, C)`` tensors while ``g = ∂L/∂cos`` (over the exponentials) and its sums are
+  formed; then only ``G`` (over the cosines; bf16 adds its ``(N, C)`` copy) is kept for the products, and the
   weight gradient is written over the gathered rows (sampled, fp32), or is a fresh ``(L, D)`` (dense) or
   ``(C, D)`` (bf16) tensor that lives until the optimizer has used it.
-* optimizer: the gradient is alive; SGD's sampled update gathers ``(C, D)`` momentum rows (its decay term is
-  written over the gradient), a dense update nothing; AdamW's sampled update gathers the rows of the weight and
-  both moments and one ``(C, D)`` temporary, a dense update one ``(L, D)`` temporary.
+* optimizer: the gradient is alive; SGD's sampled update gathers the rows' weights and then their momentum into
+  one ``(C, D)`` work tensor (its decay term is written over the gradient), a dense update nothing; AdamW's
+  sampled update gathers the rows of the weight and both moments and one ``(C, D)`` temporary, a dense update one
+  ``(L, D)`` temporary.
 * communication: the gathered embeddings ``(N, D)`` and their normalised copy, the embedding gradient
   ``(N, D)`` and the reduce-scatter output ``(B, D)``.
 
@@ -63,9 +64,8 @@ class Plan:
 
 
 def predict(num_classes: int, world_size: int, sample_rate: float, embedding_size: int, batch_size: int,
-            optimizer: str = "sgd", dtype: str = "fp32", compiled: bool = False) -> Plan:
-    """Predicted head memory of rank 0 (the largest shard); ``batch_size`` is per rank; ``compiled``: the head's
-    ``compile`` (config ``compile_head``)."""
+            optimizer: str = "sgd", dtype: str = "fp32") -> Plan:
+    """Predicted head memory of rank 0 (the largest shard); ``batch_size`` is per rank."""
     if optimizer not in ("sgd", "adamw") or dtype not in ("fp32", "bf16"):
         raise ValueError(f"bench/plan.py: optimizer={optimizer!r} dtype={dtype!r}; expected sgd|adamw and fp32|bf16")
     if not 0.0 < sample_rate <= 1.0:
@@ -83,8 +83,8 @@ def predict(num_classes: int, world_size: int, sample_rate: float, embedding_siz
     grad = 0 if sampled and not bf16 else (L if not sampled else C) * D * FP32
     bf16_operands = (C * D + N * D) * BF16 if bf16 else 0
     block = N * C * FP32  # one (N, C) fp32 tensor
-    logits_fwd = block + (0 if compiled else block) + (N * C * BF16 if bf16 else 0)  # cosines + work (+ bf16 product)
-    logits_bwd = 2 * block + (N * C * BF16 if bf16 else 0)  # cosines, g (+ its bf16 copy)
+    logits_fwd = 2 * block + (N * C * BF16 if bf16 else 0)  # cosines, exponentials (+ the bf16 product)
+    logits_bwd = block + (N * C * BF16 if bf16 else 0)  # G over the cosines (+ its bf16 copy) for the products
     comm = 3 * N * D * FP32 + B * D * FP32
     sampling = (4 * L * INT64 + 3 * C * INT64) if sampled else 0
     grad_rows = C * D * FP32 if sampled else L * D * FP32  # the gradient the optimizer reads
@@ -96,7 +96,7 @@ def predict(num_classes: int, world_size: int, sample_rate: float, embedding_siz
     phases = {
         "sampling": persistent + sampling,
         "forward": persistent + rows + bf16_operands + logits_fwd + comm,
-        "backward": persistent + rows + bf16_operands + grad + logits_bwd + comm,
+        "backward": persistent + rows + comm + max(2 * block, bf16_operands + grad + logits_bwd),
         "optimizer": persistent + grad_rows + opt_work,
     }
     components = {
@@ -117,11 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=128, help="per rank")
     parser.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="autocast dtype of the products")
-    parser.add_argument("--compile", action="store_true", help="the head's compile_head = True")
     parser.add_argument("--json", help="write the prediction here")
     args = parser.parse_args(argv)
     plan = predict(args.num_classes, args.gpus, args.sample_rate, args.embedding_size, args.batch_size,
-                   args.optimizer, args.dtype, args.compile)
+                   args.optimizer, args.dtype)
     gib = float(1 << 30)
     rows = [[name, f"{value / gib:.3f}"] for name, value in plan.components.items()]
     rows += [[f"phase: {name}", f"{value / gib:.3f}"] for name, value in plan.phases.items()]

@@ -74,9 +74,9 @@ config.sub_centers = 1
 # their optimizer state) | "all" (arcface_torch: every centre every step; momentum and weight decay also move
 # unsampled ones; to reproduce its published numbers exactly). The same at sample_rate = 1.
 config.head_update = "sampled"
-# Run the fused margin-softmax's collective-free parts (cosines -> logits -> each row's max and sum; the local part
-# of the backward) through torch.compile: fused loops without a (B, C) work tensor, C++ on the CPU and Triton on
-# CUDA from the same source; the same results up to rounding, after a first slow step that compiles.
+# Run the fused margin-softmax's collective-free parts (cosines -> logits -> each row's max and exponentials; the
+# local part of the backward) through torch.compile: fused loops with fewer passes over the (B, C) cosines, C++ on
+# the CPU and Triton on CUDA from the same source; the same results up to rounding, after a first slow step.
 config.compile_head = False
 
 # ---------------------------------------------------------------- precision

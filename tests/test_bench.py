@@ -27,11 +27,14 @@ def _measure(rank: int, world: int, cases: list[tuple[float, str]]) -> list[int]
 
 
 @pytest.mark.timeout(120)
-def test_plan_predicts_measured_peak_within_15_percent():
+def test_plan_predicts_measured_peak_within_5_percent():
+    """The model of bench/plan.py against the RSS high-water mark of bench/head.py's steps on one rank. 5 %: at
+    sample rate 1 the head's backward releases the cosines and their exponentials (half a shard each here) down to
+    one before the weight's gradient (a whole shard) is allocated; holding both would be 14 % above the plan."""
     measured = run_on_local_ranks(_measure, 1, CASES, timeout=110)[0]
     for (rate, opt), peak in zip(CASES, measured):
         plan = predict(CLASSES, 1, rate, D, B, opt)
-        assert abs(peak - plan.peak_bytes) <= 0.15 * plan.peak_bytes, (
+        assert abs(peak - plan.peak_bytes) <= 0.05 * plan.peak_bytes, (
             f"sample_rate={rate} {opt}: measured {peak / 2**20:.1f} MiB, predicted {plan.peak_bytes / 2**20:.1f} MiB "
             f"({plan.phases})")
 
@@ -41,9 +44,8 @@ def test_plan_components_follow_the_shapes():
     assert sgd.num_local == 500 and sgd.num_sampled == 50 and sgd.shard_bytes == 500 * 8 * 4
     assert sgd.components["weights"] == sgd.components["optimizer_state"] == 500 * 8 * 4
     assert adamw.components["optimizer_state"] == 2 * 500 * 8 * 4 + 500 * 4
-    assert sgd.components["logits_and_grad"] == 2 * 8 * 50 * 4  # the cosines and the work tensor, later g
-    compiled = predict(1000, 2, 0.1, 8, 4, compiled=True)  # no work tensor in the forward; g in the backward
-    assert compiled.phases["forward"] < sgd.phases["forward"] and compiled.phases["backward"] == sgd.phases["backward"]
+    assert sgd.components["logits_and_grad"] == 2 * 8 * 50 * 4  # the cosines and their exponentials, later g
+    assert sgd.components["optimizer_work"] == 50 * 8 * 4  # the sampled rows' weights, then their momentum
     assert predict(1000, 2, 1.0, 8, 4).components["sampling_index"] == 0
     with pytest.raises(ValueError, match="optimizer='lamb'"):
         predict(1000, 2, 0.1, 8, 4, "lamb")

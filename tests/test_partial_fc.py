@@ -333,6 +333,31 @@ def test_sgd_dense_equals_torch_and_state_round_trip():
         build_head_optimizer(pfc, "sgd", lr=LR).load_state_dict(bad)
 
 
+@pytest.mark.parametrize("weight_decay", [WD, 0.0])
+def test_sparse_sgd_rows_equal_torch_sgd_on_those_rows(weight_decay):
+    """Three sparse steps on overlapping row sets: every present row, and its momentum, follows torch.optim.SGD to
+    the bit (each row's own steps); the other rows and their momentum do not move."""
+    g = torch.Generator().manual_seed(3)
+    start = torch.randn(12, D, generator=g)
+    weight = nn.Parameter(start.clone())
+    ours = RowSparseSGD([weight], lr=LR, momentum=MOMENTUM, weight_decay=weight_decay)
+    rows_per_step = [torch.tensor([0, 3, 5]), torch.tensor([3, 4, 11]), torch.tensor([0, 3])]
+    grads = [torch.randn(len(rows), D, generator=g) for rows in rows_per_step]
+    for rows, grad in zip(rows_per_step, grads):
+        weight.grad = torch.sparse_coo_tensor(rows[None], grad.clone(), weight.shape, check_invariants=True).coalesce()
+        ours.step()
+    for row in range(12):
+        theirs = nn.Parameter(start[row].clone())
+        reference = torch.optim.SGD([theirs], lr=LR, momentum=MOMENTUM, weight_decay=weight_decay)
+        for rows, grad in zip(rows_per_step, grads):
+            if row in rows.tolist():
+                theirs.grad = grad[rows.tolist().index(row)].clone()
+                reference.step()
+        assert torch.equal(weight[row], theirs), row
+        buf = reference.state[theirs].get("momentum_buffer", torch.zeros(D))
+        assert torch.equal(ours.state[weight]["momentum_buffer"][row], buf), row
+
+
 def test_adamw_dense_matches_torch():
     weight_a = nn.Parameter(torch.randn(6, D))
     weight_b = nn.Parameter(weight_a.detach().clone())
