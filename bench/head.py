@@ -42,7 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from bench.common import Timing, current_rss_bytes, markdown_table, peak_rss_bytes, time_call, write_json  # noqa: E402
-from utils.distributed import barrier, run_on_local_ranks  # noqa: E402
+from bench.local_ranks import run_on_local_ranks  # noqa: E402
+from utils.distributed import barrier  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -125,8 +126,7 @@ def head_rank(rank: int, world_size: int, cfg: HeadConfig) -> dict[str, Any]:
     ``step_samples``, ``peak_mem_bytes`` and ``first_step_s`` (the step that compiles).
     """
     from losses import ArcFace
-    from optimizers import build_head_optimizer
-    from partial_fc import PartialFC, class_partition, sample_size
+    from partial_fc import PartialFC, build_head_optimizer, class_partition, sample_size
 
     torch.set_num_threads(cfg.threads)
     device = torch.device(cfg.device, rank) if cfg.device == "cuda" else torch.device(cfg.device)

@@ -3,7 +3,7 @@
     python bench/plan.py --num-classes 29000000 --gpus 8 --sample-rate 0.1 --embedding-size 512 \
         --batch-size 128 [--optimizer sgd|adamw] [--dtype fp32|bf16] [--json PATH]
 
-The model follows what ``partial_fc.py`` and ``utils/distributed.py`` allocate in one training step on
+The model follows what ``partial_fc/`` allocates in one training step on
 the rank with the largest shard (rank 0), with ``L = num_local``, ``C = sampled rows`` (``L`` at
 ``sample_rate = 1``), ``N = batch_size · gpus`` (the gathered batch) and fp32 weights:
 
@@ -13,7 +13,7 @@ the rank with the largest shard (rank 0), with ``L = num_local``, ``C = sampled 
   the hash ``(L,)`` int64, the top-k values and indices and the sorted index ``(C,)`` int64.
 * forward: the gathered rows ``(C, D)`` (at ``sample_rate = 1`` the weight itself) and the cosines
   ``(N, C)`` fp32; the margin (ArcFace, CosFace, ``CombinedMarginLoss`` without inter-class filtering) and
-  the cross-entropy are fused into them (``partial_fc._MarginSoftmax``), so the logits are never stored; their
+  the cross-entropy are fused into them (``partial_fc.functions.MarginSoftmax``), so the logits are never stored; their
   exponentials ``(N, C)`` are kept for the backward (with ``compile_head`` too). Under bf16 autocast the products
   add bf16 copies (rows ``(C, D)``, embeddings, the product ``(N, C)``).
 * backward: the same two ``(N, C)`` tensors while ``g = ∂L/∂cos`` (over the exponentials) and its sums are

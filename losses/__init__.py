@@ -34,7 +34,7 @@ class Margin(Protocol):
 # Optional, for margins that change only the target column (``CombinedMarginLoss`` and so ArcFace and CosFace):
 # ``target_only_scale() -> s or None`` (s when every other logit is s·cos) and ``target_logits(x) -> (logits,
 # slopes)`` of target cosines. With them the head fuses the margin into its cross-entropy and never stores the
-# (B, C) logits (``partial_fc._MarginSoftmax``); AdaFace clamps every column and is applied as above.
+# (B, C) logits (``partial_fc.functions.MarginSoftmax``); AdaFace clamps every column and is applied as above.
 
 
 # config `margin` -> the margin module built from the config's keys.

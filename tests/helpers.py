@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from utils.distributed import all_gather_cat, all_gather_sizes, free_port
+from bench.local_ranks import free_port
+from utils.distributed import all_gather_cat, all_gather_sizes
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"  # MXNet-written RecordIO and .bin files, and the recipe table (README there)
@@ -153,7 +154,7 @@ def tiny_job(rank: int, world_size: int, cfg_overrides: list[str], model: nn.Mod
              fp16_scaler: bool = False, init_scale: float = 2.0 ** 16, autocast_dtype: torch.dtype | None = None):
     """A trainer ``Job`` around ``model`` and ``head`` (SGD with momentum on both, as the trainer builds them)
     without data: for driving ``train.optimizer_step`` in process."""
-    from optimizers import build_optimizers
+    from partial_fc import build_optimizers
     from trainer.build import Job
     from utils.config import derive, load_config
     from utils.distributed import wrap_ddp

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from backbones import get_model
 from backbones.flops import count_flops
 from backbones.vit import VisionTransformer
-from utils.distributed import run_on_local_ranks
+from bench.local_ranks import run_on_local_ranks
 
 # Official constructor arguments per name: embed_dim, depth, num_heads, drop_path_rate, mask_ratio,
 # using_checkpoint. Every variant: img_size 112, patch_size 9, norm_layer "ln", mlp_ratio 4.

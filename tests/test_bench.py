@@ -13,7 +13,7 @@ import pytest
 
 from bench.head import HeadConfig, head_rank, summarise
 from bench.plan import predict
-from utils.distributed import run_on_local_ranks
+from bench.local_ranks import run_on_local_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 CLASSES, D, B = 200_000, 128, 64

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from utils.distributed import run_on_local_ranks
+from bench.local_ranks import run_on_local_ranks
 from utils.files import load_tensors, save_atomic
-from utils.checkpoint import (MANIFEST, TrainState, clean_partial, find_latest, head_shard, is_complete,
-                              list_checkpoints, load_common, load_head_rows, load_optimizer_state, load_rng,
-                              make_common, recover_replaced, restore_head, rng_state, save_checkpoint, set_rng_state,
-                              step_dir, train_state_of)
+from partial_fc import head_shard, load_head_rows, restore_head
+from utils.checkpoint import (MANIFEST, TrainState, clean_partial, find_latest, is_complete, list_checkpoints,
+                              load_common, load_optimizer_state, load_rng, make_common, recover_replaced, rng_state,
+                              save_checkpoint, set_rng_state, step_dir, train_state_of)
 
 D = 4  # embedding size of the fake heads
 

@@ -59,8 +59,7 @@ def test_head_on_cuda_equals_the_cpu_head(rate):
 
 def test_head_step_synchronises_at_most_twice():
     from losses import CosFace
-    from optimizers import build_head_optimizer
-    from partial_fc import PartialFC
+    from partial_fc import PartialFC, build_head_optimizer
 
     torch.manual_seed(0)
     head = PartialFC(CosFace(), D, 1_000_000, sample_rate=0.1).cuda()

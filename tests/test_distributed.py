@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from utils.distributed import run_on_local_ranks
+from bench.local_ranks import run_on_local_ranks
 from tests.helpers import gather
 from utils import distributed as du
 

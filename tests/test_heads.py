@@ -21,7 +21,7 @@ from trainer.build import build
 from trainer.checkpointing import restore_training_state, save_training_state
 from utils.checkpoint import load_common, step_dir, TrainState
 from utils.config import FINGERPRINT_EXCLUDED, fingerprint, load_config
-from utils.distributed import run_on_local_ranks
+from bench.local_ranks import run_on_local_ranks
 
 NEW_KEYS = ("margin", "adaface_m", "adaface_h", "adaface_t_alpha", "sub_centers", "head_update")
 # AdaFace with a quick EMA (its statistics move visibly in a few steps), 2 centres per class, every row updated.

@@ -8,6 +8,7 @@ module's ``_private`` name. Tests are exempt: they import entry points and priva
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -54,7 +55,10 @@ def _imports(path: Path) -> list[tuple[str, list[str], int]]:
 
 
 def _project_packages(root: Path) -> set[str]:
-    return {p.name for p in root.iterdir() if (p / "__init__.py").is_file()} | {p.stem for p in root.glob("*.py")}
+    """Top-level folders holding Python files (packages, and namespace folders such as ``bench``) and modules."""
+    skip = {"tests", ".venv", "work_dirs", "data"}
+    return {p.name for p in root.iterdir() if p.is_dir() and p.name not in skip and any(p.glob("*.py"))} | {
+        p.stem for p in root.glob("*.py")}
 
 
 def _violations(root: Path = ROOT) -> list[str]:
@@ -92,18 +96,41 @@ def test_the_layering_rules_hold():
     ("eval/probe.py", "def f():\n    from scripts.rec_info import rec_info\n", "nothing imports an entry point"),
     ("eval/ijb.py", "from eval.verify import target_paths\n", "a CLI imports a CLI"),
     ("eval/probe.py", "from dataset.recordio import _parse_idx\n", "private name"),
+    ("partial_fc/probe.py", "from trainer.build import build\n", "partial_fc may import only"),
+    ("utils/probe.py", "from partial_fc import PartialFC\n", "utils may import only"),
+    ("partial_fc/probe.py", "from bench.local_ranks import free_port\n", "nothing imports an entry point"),
 ])
 def test_the_checker_finds_a_violation(tmp_path, module, source, rule):
     """The checker itself, on a small tree that breaks one rule."""
-    for package in ("utils", "dataset", "eval", "scripts", "backbones"):
+    for package in ("utils", "dataset", "eval", "scripts", "backbones", "partial_fc", "trainer"):
         (tmp_path / package).mkdir()
         (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "bench").mkdir()  # a folder of scripts without __init__.py, as the real one
+    (tmp_path / "bench" / "local_ranks.py").write_text("")
     (tmp_path / module).write_text(source)
     assert any(rule in v and module in v for v in _violations(tmp_path)), _violations(tmp_path)
 
 
-def test_the_drawn_table_covers_every_part_of_the_tree():
-    parts = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file() or p.name == "configs"} | {
-        p.stem for p in ROOT.glob("*.py")} - {"tests"}
-    assert parts - {"tests"} <= set(ALLOWED), sorted(parts - set(ALLOWED))
+def test_the_drawn_table_covers_every_part_of_the_tree_and_no_other():
+    parts = _project_packages(ROOT) | {"configs"}
+    assert parts == set(ALLOWED), (sorted(parts - set(ALLOWED)), sorted(set(ALLOWED) - parts))
     assert ALLOWED["utils"] == {"utils"} and ALLOWED["dataset"] == {"dataset", "utils"}
+    assert ALLOWED["partial_fc"] == {"partial_fc", "losses", "utils"}
+
+
+def test_the_head_is_one_package_as_drawn():
+    """Everything that knows the sharded class centres is in ``partial_fc/``: the files the page names exist, and
+    no module elsewhere defines the head's pieces (the sharded cross-entropy, the row-sparse optimizers, the head's
+    checkpoint shards)."""
+    page = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    named = set(re.findall(r"`(\w+\.py)` \(", page[page.index("`partial_fc/` in more detail"):]))
+    assert named == {p.name for p in (ROOT / "partial_fc").glob("*.py")} - {"__init__.py"}, named
+    head_names = {"sharded_cross_entropy", "sharded_log_sum_exp", "RowSparseSGD", "RowSparseAdamW", "head_shard",
+                  "load_head_rows", "class_partition", "PartialFC"}
+    defined = {}
+    for path in _sources(ROOT):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in head_names:
+                defined.setdefault(node.name, []).append(str(path.relative_to(ROOT)))
+    assert all(all(f.startswith("partial_fc/") for f in files) for files in defined.values()), defined
+    assert set(defined) == head_names, sorted(head_names - set(defined))

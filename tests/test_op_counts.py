@@ -20,11 +20,10 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import partial_fc
+import partial_fc.sharding
 import utils.distributed as du
 from losses import AdaFace, ArcFace
-from optimizers import build_head_optimizer
-from partial_fc import PartialFC
+from partial_fc import PartialFC, build_head_optimizer
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -113,7 +112,7 @@ def _step(batch: int, classes: int, rate: float, optimizer: str = "sgd", monkeyp
             counter.muted -= 1
 
     monkeypatch.setattr(du, "to_host", counted)
-    monkeypatch.setattr(partial_fc, "to_host", counted)
+    monkeypatch.setattr(partial_fc.sharding, "to_host", counted)
     with _HostReads(counter), counter:
         loss = head(emb, labels)
         loss.backward()

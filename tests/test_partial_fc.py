@@ -12,12 +12,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import partial_fc
+import partial_fc.head
 from losses import AdaFace, ArcFace, CombinedMarginLoss, CosFace
-from optimizers import RowSparseAdamW, RowSparseSGD, build_head_optimizer
-from partial_fc import PartialFC, class_partition, sample_size
-from utils.distributed import run_on_local_ranks
-from utils.distributed import sharded_cross_entropy
+from partial_fc import (PartialFC, RowSparseAdamW, RowSparseSGD, build_head_optimizer, class_partition, sample_size,
+                        sharded_cross_entropy)
+from partial_fc.sharding import init_rows
+from bench.local_ranks import run_on_local_ranks
 from tests.references import adaface_reference, head_loss
 
 pytestmark = pytest.mark.timeout(180)
@@ -136,7 +136,7 @@ def _saturated_logits() -> tuple[torch.Tensor, torch.Tensor]:
 def test_partial_fc_matches_single_process(world):
     results = run_on_local_ranks(_worker, world, timeout=150)
     inputs, emb, labels = _global_batch(world)
-    full_init = partial_fc._init_rows(0, 0, NUM_CLASSES, D)
+    full_init = init_rows(0, 0, NUM_CLASSES, D)
 
     for rank, res in enumerate(results):
         start, num = res["class_range"]
@@ -287,10 +287,10 @@ def test_class_partition():
 
 
 def test_init_rows_independent_of_partition():
-    full = partial_fc._init_rows(4, 0, 3000, 5)
+    full = init_rows(4, 0, 3000, 5)
     assert abs(float(full.std()) - 0.01) < 1e-3
-    assert torch.equal(partial_fc._init_rows(4, 1017, 1500, 5), full[1017:2517])
-    assert not torch.equal(partial_fc._init_rows(5, 0, 10, 5), full[:10])
+    assert torch.equal(init_rows(4, 1017, 1500, 5), full[1017:2517])
+    assert not torch.equal(init_rows(5, 0, 10, 5), full[:10])
 
 
 def test_single_process_errors_and_bad_arguments():
@@ -500,7 +500,7 @@ def _head_steps(rank: int, margin: str, sub_centers: int, rate: float) -> list[d
 
 def _check_head_steps(case: tuple, results: list[list[dict]], world: int) -> None:
     margin, sub_centers, _ = case
-    full = partial_fc._init_rows(0, 0, HEAD_CLASSES * sub_centers, D).view(HEAD_CLASSES, sub_centers * D)
+    full = init_rows(0, 0, HEAD_CLASSES * sub_centers, D).view(HEAD_CLASSES, sub_centers * D)
     stats = (20.0, 100.0)
     for step in range(2):
         per_rank = [r[step] for r in results]
@@ -593,28 +593,31 @@ UPDATE_ALL_CASES = (("arcface", 1, 1.0), ("arcface", 1, 0.25), ("adaface", 1, 0.
 
 def _update_all_head_steps(rank: int, margin: str, sub_centers: int, rate: float) -> list[dict]:
     """``_head_steps`` with ``update="all"``: two forward/backward steps, each step's dense weight gradient and the
-    rows the head sampled (recorded from ``_sample`` itself; at rate 1 every row). ``weight.grad`` is set to None
-    between the steps, as ``zero_grad(set_to_none=True)``."""
+    rows the head sampled (recorded from ``sharding.sample_rows`` itself; at rate 1 every row). ``weight.grad`` is
+    set to None between the steps, as ``zero_grad(set_to_none=True)``."""
     world = torch.distributed.get_world_size()
     pfc = _head(margin, sub_centers, rate, update="all")
     drawn: list[torch.Tensor] = []
-    sample = pfc._sample
-    pfc._sample = lambda *args, **kwargs: drawn.append(sample(*args, **kwargs).clone()) or drawn[-1]
+    sample = partial_fc.head.sample_rows  # this spawned rank's module, wrapped for this call only
+    partial_fc.head.sample_rows = lambda *args: drawn.append(sample(*args).clone()) or drawn[-1]
     steps = []
-    for step in range(2):
-        emb, labels = _head_batch(world, step)
-        e = _local(emb, rank).clone().requires_grad_()
-        loss = pfc(e, _local(labels, rank))
-        loss.backward()
-        grad = pfc.weight.grad
-        assert grad.layout == torch.strided and grad.shape == pfc.weight.shape, (grad.layout, grad.shape)
-        assert len(drawn) == (step + 1 if rate < 1 else 0)
-        used = drawn[-1] if rate < 1 else torch.arange(pfc.num_local)
-        steps.append(dict(loss=loss.item(), emb_grad=e.grad.numpy().copy(), used=(used + pfc.class_start).numpy(),
-                          dense_grad=grad.numpy().copy(), weight=pfc.weight.detach().numpy().copy(),
-                          class_range=(pfc.class_start, pfc.num_local),
-                          buffers={k: v.numpy().copy() for k, v in pfc.named_buffers()}))
-        pfc.weight.grad = None
+    try:
+        for step in range(2):
+            emb, labels = _head_batch(world, step)
+            e = _local(emb, rank).clone().requires_grad_()
+            loss = pfc(e, _local(labels, rank))
+            loss.backward()
+            grad = pfc.weight.grad
+            assert grad.layout == torch.strided and grad.shape == pfc.weight.shape, (grad.layout, grad.shape)
+            assert len(drawn) == (step + 1 if rate < 1 else 0)
+            used = drawn[-1] if rate < 1 else torch.arange(pfc.num_local)
+            steps.append(dict(loss=loss.item(), emb_grad=e.grad.numpy().copy(), used=(used + pfc.class_start).numpy(),
+                              dense_grad=grad.numpy().copy(), weight=pfc.weight.detach().numpy().copy(),
+                              class_range=(pfc.class_start, pfc.num_local),
+                              buffers={k: v.numpy().copy() for k, v in pfc.named_buffers()}))
+            pfc.weight.grad = None
+    finally:
+        partial_fc.head.sample_rows = sample
     return steps
 
 
@@ -679,8 +682,8 @@ FUSED_MARGINS = {
 @pytest.mark.parametrize("name", sorted(FUSED_MARGINS))
 @pytest.mark.parametrize("rate,update", [(1.0, "sampled"), (0.3, "sampled"), (0.3, "all")])
 def test_fused_margin_softmax_equals_the_margin_then_cross_entropy(name, rate, update):
-    """A margin that changes only the target columns is fused with the cross-entropy (_MarginSoftmax); the same
-    margin behind a plain callable takes the unfused chain (_NormalizedLinear, apply_margin, sharded
+    """A margin that changes only the target columns is fused with the cross-entropy (MarginSoftmax); the same
+    margin behind a plain callable takes the unfused chain (NormalizedLinear, apply_margin, sharded
     cross-entropy). Loss, embedding and weight gradients agree."""
     g = torch.Generator().manual_seed(7)
     classes = 1000
@@ -694,7 +697,7 @@ def test_fused_margin_softmax_equals_the_margin_then_cross_entropy(name, rate, u
         x = emb.clone().requires_grad_()
         torch.manual_seed(11)  # the same sampled classes
         loss = head(x, labels)
-        assert type(loss.grad_fn).__name__ == ("_MarginSoftmaxBackward" if fused else "_ShardedCrossEntropyBackward")
+        assert type(loss.grad_fn).__name__ == ("MarginSoftmaxBackward" if fused else "_ShardedCrossEntropyBackward")
         loss.backward()
         grad = head.weight.grad
         results.append((loss.detach(), x.grad, grad.to_dense() if grad.is_sparse else grad))
@@ -712,7 +715,7 @@ def test_margins_that_change_other_columns_are_not_fused():
     for head in (PartialFC(CombinedMarginLoss(16.0, 1.0, 0.5, 0.0, interclass_filtering_threshold=0.2), 8, 20),
                  PartialFC(AdaFace(), 8, 20), PartialFC(ArcFace(), 8, 20, sub_centers=3)):
         assert type(head(emb, labels).grad_fn).__name__ == "_ShardedCrossEntropyBackward", head
-    assert type(PartialFC(ArcFace(), 8, 20)(emb, labels).grad_fn).__name__ == "_MarginSoftmaxBackward"
+    assert type(PartialFC(ArcFace(), 8, 20)(emb, labels).grad_fn).__name__ == "MarginSoftmaxBackward"
 
 
 def test_target_logits_are_the_margin_s_target_column():
@@ -730,7 +733,7 @@ def test_target_logits_are_the_margin_s_target_column():
 @pytest.mark.parametrize("margin", ["cosface", "arcface"])
 def test_fused_head_loss_does_not_saturate(margin):
     """docs/partial_fc.md: the loss is never the log of a clamped probability, so it never saturates, also through
-    the default fused head (_MarginSoftmax). s = 64; every
+    the default fused head (MarginSoftmax). s = 64; every
     embedding lies near the centre of a wrong class whose centre is opposite the target's (cos ≈ +1 there, ≈ -1 on
     the target), so each sample's loss is above 100 (CosFace ≈ 64·1 + 64·1.4, ArcFace ≈ 64·1 + 64·cos(0.5)): well
     past -log(e^-87) ≈ 87.3, where a loss computed from a clamped or underflowed target probability would stop.
@@ -751,7 +754,7 @@ def test_fused_head_loss_does_not_saturate(margin):
         head.weight.copy_(weight)
     x = emb.clone().requires_grad_()
     loss = head(x, labels)
-    assert type(loss.grad_fn).__name__ == "_MarginSoftmaxBackward"  # the fused head, the default for these margins
+    assert type(loss.grad_fn).__name__ == "MarginSoftmaxBackward"  # the fused head, the default for these margins
     loss.backward()
 
     # float64 reference: normalise, cosines, margin on the target (straight-through for ArcFace: its gradient is

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from tests.helpers import check_mixed_precision_steps, mixed_precision_steps, tiny_job
+from bench.local_ranks import run_on_local_ranks
 from utils.checkpoint import TrainState
-from utils.distributed import run_on_local_ranks
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -69,18 +69,18 @@ def _poison_head(job, value: float):
 
 
 def _decisions(rank: int, world_size: int, where: str, value: float, fp16_scaler: bool, bf16: bool) -> dict:
-    import train as trainer
+    import train
 
     job = _job(rank, world_size, fp16_scaler=fp16_scaler, bf16=bf16)
     state = TrainState()
-    assert trainer.optimizer_step(job, state, _batch(rank, 0)) is not None  # momentum exists from here on
+    assert train.optimizer_step(job, state, _batch(rank, 0)) is not None  # momentum exists from here on
     state.step += 1
     before, scale = _snapshot(job), job.scaler.scale
     handle = None
     # The poison sits on the last rank only: the others' own values are finite.
     if rank == world_size - 1:
         handle = (_poison_backbone if where == "backbone" else _poison_head)(job, value)
-    loss = trainer.optimizer_step(job, state, _batch(rank, 1))
+    loss = train.optimizer_step(job, state, _batch(rank, 1))
     after = _snapshot(job)
     if handle is not None:
         handle.remove()
@@ -88,7 +88,7 @@ def _decisions(rank: int, world_size: int, where: str, value: float, fp16_scaler
     skipped = dict(loss=loss, changed=changed, scale=(scale, job.scaler.scale), in_row=state.nonfinite_in_row,
                    skipped=state.skipped_steps)
     state.step += 1
-    good = trainer.optimizer_step(job, state, _batch(rank, 2))
+    good = train.optimizer_step(job, state, _batch(rank, 2))
     moved = sorted(k for k, v in _snapshot(job).items() if not torch.equal(v, after[k]))
     return dict(skipped=skipped, good_loss=good, moved=moved, in_row_after=state.nonfinite_in_row,
                 scale_after=job.scaler.scale)
@@ -212,7 +212,7 @@ def test_embedding_reaches_the_head_in_fp32_and_bf16_loss_is_close_to_fp32():
 def test_a_skipped_step_leaves_adaface_statistics_as_they_were():
     """AdaFace's running norm statistics move in the forward pass; a skipped step puts them back, as the
     backbone's batch-norm statistics."""
-    import train as trainer
+    import train
     from losses.adaface import AdaFace
     from partial_fc import PartialFC
 
@@ -221,13 +221,13 @@ def test_a_skipped_step_leaves_adaface_statistics_as_they_were():
     head = PartialFC(AdaFace(s=8.0, m=0.3), D, NUM_CLASSES, 0.5, seed=1)
     job = tiny_job(0, 1, ["num_classes=12", "sample_rate=0.5", "max_steps=10"], model, head)
     state = TrainState()
-    trainer.optimizer_step(job, state, _batch(0, 0))
+    train.optimizer_step(job, state, _batch(0, 0))
     before = {k: v.clone() for k, v in head.named_buffers()}
     handle = _poison_backbone(job, float("nan"))
-    assert trainer.optimizer_step(job, state, _batch(0, 1)) is None
+    assert train.optimizer_step(job, state, _batch(0, 1)) is None
     handle.remove()
     assert before and all(torch.equal(v, dict(head.named_buffers())[k]) for k, v in before.items())
-    trainer.optimizer_step(job, state, _batch(0, 2))
+    train.optimizer_step(job, state, _batch(0, 2))
     assert not all(torch.equal(v, dict(head.named_buffers())[k]) for k, v in before.items())  # a good step moves them
 
 
@@ -237,7 +237,7 @@ def test_the_backbone_optimizer_runs_foreach_with_the_single_tensor_bits(name):
     step over all tensors on the CPU too, with the same values as the loop over tensors."""
     from backbones import get_model
     from losses import ArcFace
-    from optimizers import build_optimizers
+    from partial_fc import build_optimizers
     from partial_fc import PartialFC
 
     weights = []
@@ -258,7 +258,7 @@ def test_the_backbone_optimizer_runs_foreach_with_the_single_tensor_bits(name):
 
 def _host_reads(rank: int, world_size: int) -> tuple[int, int]:
     """Over three steps of train.optimizer_step: the reads through ``to_host`` and the ``Tensor.item`` calls."""
-    import train as trainer
+    import train
     import utils.precision as precision
 
     job = _job(rank, world_size)
@@ -269,7 +269,7 @@ def _host_reads(rank: int, world_size: int) -> tuple[int, int]:
     torch.Tensor.item = lambda self: items.append(tuple(self.shape)) or item(self)
     try:
         for step in range(3):
-            trainer.optimizer_step(job, state, _batch(rank, step))
+            train.optimizer_step(job, state, _batch(rank, step))
             state.step += 1
     finally:
         precision.to_host, torch.Tensor.item = to_host, item
@@ -308,7 +308,7 @@ def _loop_reads(rank: int, world_size: int, output: str) -> dict:
     (``float``/``item``) outside ``optimizer_step`` (the loop's own), the step losses and the progress lines."""
     from pathlib import Path
 
-    import train as trainer
+    import train
     import utils.precision as precision
 
     job = _job(rank, world_size, overrides=("frequent=3", "max_steps=7"))
@@ -319,7 +319,7 @@ def _loop_reads(rank: int, world_size: int, output: str) -> dict:
     job.logger.addHandler(handler)
     losses: list[torch.Tensor] = []
     in_step, flag_reads, loop_reads = [False], [], []
-    step_fn, to_host = trainer.optimizer_step, precision.to_host
+    step_fn, to_host = train.optimizer_step, precision.to_host
     float_, item = torch.Tensor.__float__, torch.Tensor.item
 
     def recording_step(*args):
@@ -338,13 +338,13 @@ def _loop_reads(rank: int, world_size: int, output: str) -> dict:
             return read(self)
         return counting_read
 
-    trainer.optimizer_step = recording_step
+    train.optimizer_step = recording_step
     precision.to_host = lambda t: flag_reads.append(tuple(t.shape)) or to_host(t)
     torch.Tensor.__float__, torch.Tensor.item = counted(float_), counted(item)
     try:
-        trainer.train(job, TrainState())
+        train.train(job, TrainState())
     finally:
-        trainer.optimizer_step, precision.to_host = step_fn, to_host
+        train.optimizer_step, precision.to_host = step_fn, to_host
         torch.Tensor.__float__, torch.Tensor.item = float_, item
     return {"flag_reads": len(flag_reads), "loop_reads": loop_reads, "losses": [float(x) for x in losses],
             "lines": [line for line in handler.lines if line.startswith("step ")]}
@@ -365,7 +365,7 @@ def test_the_logged_loss_is_read_once_per_progress_line(tmp_path):
 
 def _grads_at_the_update(rank: int, world_size: int, clip: float) -> dict:
     """One train.optimizer_step with clip_grad_norm = ``clip``: the gradients the two optimizers' steps see."""
-    import train as trainer
+    import train
 
     job = _job(rank, world_size, overrides=(f"clip_grad_norm={clip}",))
     seen = {}
@@ -377,7 +377,7 @@ def _grads_at_the_update(rank: int, world_size: int, clip: float) -> dict:
 
     job.opt_backbone.register_step_pre_hook(record("backbone", list(job.backbone.parameters())))
     job.opt_head.register_step_pre_hook(record("head", [job.head.weight]))
-    assert trainer.optimizer_step(job, TrainState(), _batch(rank, 0)) is not None
+    assert train.optimizer_step(job, TrainState(), _batch(rank, 0)) is not None
     return seen
 
 
@@ -398,13 +398,13 @@ def _saves(rank: int, world_size: int, output: str, save_all_states: bool) -> No
     """train.train over 7 steps of 3-step epochs (num_image 48, batch 8 x 2 ranks), save_every_steps = 0."""
     from pathlib import Path
 
-    import train as trainer
+    import train
 
     job = _job(rank, world_size, overrides=("num_image=48", "max_steps=7", "save_every_steps=0", "keep_checkpoints=10",
                                             f"save_all_states={save_all_states}"))
     assert job.derived.steps_per_epoch == 3
     job.loader, job.output = _Batches(rank), Path(output)
-    trainer.train(job, TrainState())
+    train.train(job, TrainState())
 
 
 @pytest.mark.parametrize("save_all_states", [True, False])

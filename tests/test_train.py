@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from utils.checkpoint import TrainState
-from utils.distributed import free_port, run_on_local_ranks
+from bench.local_ranks import free_port, run_on_local_ranks
 from tests.helpers import (FIXTURES, ROOT, copy_checkpoints_until, load_model, logged_losses, max_difference,
                            subprocess_env, tiny_job, train, two_nodes)
 
@@ -109,7 +109,7 @@ def _accumulation_steps(rank: int, world_size: int) -> list[torch.Tensor]:
     """One optimizer step with 2 micro-batches of B and one with a single batch of 2B, from equal weights."""
     from torch import nn
 
-    import train as trainer
+    import train
     from losses import ArcFace
     from partial_fc import PartialFC
 
@@ -129,7 +129,7 @@ def _accumulation_steps(rank: int, world_size: int) -> list[torch.Tensor]:
         labels = torch.randint(0, 10, (8,), generator=g)
         micro = [(images[i * 8 // acc:(i + 1) * 8 // acc], labels[i * 8 // acc:(i + 1) * 8 // acc])
                  for i in range(acc)]
-        trainer.optimizer_step(job, TrainState(step=1), micro)
+        train.optimizer_step(job, TrainState(step=1), micro)
         results.append(torch.cat([p.detach().flatten() for p in model.parameters()] + [head.weight.detach().flatten()]))
     return results
 

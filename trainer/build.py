@@ -14,8 +14,7 @@ from backbones.memory_format import check_channels_last
 from dataset import DaliLoader, FaceDataLoader, build_data
 from eval.callback import CallbackVerification
 from losses import build_margin
-from optimizers import build_optimizers
-from partial_fc import PartialFC
+from partial_fc import PartialFC, build_optimizers
 from trainer.parallelize import parallelize
 from utils.config import Config, Derived, check_world, data_identity, derive, fingerprint
 from utils.files import load_weights

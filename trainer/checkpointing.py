@@ -9,10 +9,10 @@ from typing import Any, Protocol
 
 import torch
 
+from partial_fc import head_shard, load_head_rows, restore_head
 from utils.checkpoint import (MODEL_CARD, TrainState, archive, check_continuation, checkpoint_root, clean_partial,
-                              head_shard, load_common, load_head_rows, load_optimizer_state, load_rng, make_common,
-                              model_card, plan_start, recover_replaced, restore_head, resume_position, save_checkpoint,
-                              set_rng_state, train_state_of)
+                              load_common, load_optimizer_state, load_rng, make_common, model_card, plan_start,
+                              recover_replaced, resume_position, save_checkpoint, set_rng_state, train_state_of)
 from utils.distributed import barrier
 from utils.files import atomic_write, save_atomic
 

@@ -1,8 +1,7 @@
 """The process group, every collective of the project, and the autograd Functions built on them.
 
-``pick_device`` and ``init_process_group`` set up a rank as torchrun describes it; ``run_on_local_ranks``
-starts N local ranks of a function (benchmarks and tests; training is launched by torchrun only).
-Without an initialised process group every helper acts as the one-process identity
+``pick_device`` and ``init_process_group`` set up a rank as torchrun describes it (training is launched by
+torchrun only; ``bench.local_ranks`` starts local ranks of a function for the benchmarks and tests). Without an initialised process group every helper acts as the one-process identity
 (``get_rank() == 0``, ``get_world_size() == 1``, gathers return their input), so the same code runs in
 one process, under ``torchrun`` with gloo on CPUs, and with NCCL on GPUs (tensors stay on their device).
 
@@ -25,22 +24,17 @@ import datetime
 import inspect
 import logging
 import os
-import pickle
-import queue as queue_module
-import socket
-import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import Tensor
 
 __all__ = [
     "EarlyGradient", "all_gather_cat", "all_gather_sizes", "all_reduce", "barrier", "broadcast_ints",
-    "collective_device", "free_port", "get_rank", "get_world_size", "init_process_group", "is_distributed",
-    "pick_device", "run_on_local_ranks", "sharded_cross_entropy", "sharded_log_sum_exp", "to_host", "wrap_ddp",
+    "collective_device", "get_rank", "get_world_size", "init_process_group", "is_distributed",
+    "pick_device", "to_host", "wrap_ddp",
 ]
 
 logger = logging.getLogger(__name__)
@@ -105,72 +99,6 @@ def wrap_ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.parallel.
     else:
         kwargs["broadcast_buffers"] = False
     return ddp(model, **kwargs)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it; never a fixed number)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _local_rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int, backend: str, args: tuple,
-                     results) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
-    try:
-        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
-        dist.init_process_group(backend, rank=rank, world_size=world_size)
-        try:
-            result = fn(rank, world_size, *args)
-        finally:
-            dist.destroy_process_group()
-        # Pickled here, by value: a tensor put on a torch.multiprocessing queue is shared through a file
-        # descriptor that dies with this process, which exits right after.
-        results.put((rank, True, pickle.dumps(result)))
-    except BaseException:  # reported to the parent, which raises with it
-        results.put((rank, False, traceback.format_exc()))
-
-
-def run_on_local_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
-                       timeout: float = 180.0) -> list[Any]:
-    """Call ``fn(rank, world_size, *args)`` on ``world_size`` spawned local ranks; return the results by rank.
-
-    For benchmarks and tests (training is launched by torchrun). ``fn`` must be importable (a module-level
-    function) and its arguments and result picklable. Every call gets its own free port. Raises
-    ``RuntimeError`` with the failing rank's traceback, or after ``timeout`` seconds without a result.
-    """
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_local_rank_main, args=(fn, r, world_size, port, backend, args, results))
-             for r in range(world_size)]
-    for p in procs:
-        p.start()
-    by_rank: dict[int, Any] = {}
-    errors: list[str] = []
-    try:
-        for _ in range(world_size):
-            try:
-                rank, ok, value = results.get(timeout=timeout)
-            except queue_module.Empty as exc:  # some rank hung or died without reporting
-                raise RuntimeError(f"{fn.__name__} on {world_size} local ranks: no result within {timeout:.0f}s "
-                                   f"(got ranks {sorted(by_rank)})") from exc
-            if not ok:
-                errors.append(f"rank {rank}:\n{value}")
-                break
-            by_rank[rank] = pickle.loads(value)
-    finally:
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    if errors:
-        raise RuntimeError(f"{fn.__name__} failed on " + "\n".join(errors))
-    return [by_rank[r] for r in range(world_size)]
 
 
 # ------------------------------------------------------------------------------------------------ collectives
@@ -371,78 +299,3 @@ class _ScaleGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         return grad * ctx.scale, None
-
-
-def sharded_log_sum_exp(local_max: Tensor, local_sum: Tensor, target_logit: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Every rank's share of a softmax over columns sharded across ranks, combined: ``(row_max, sum_exp,
-    target_logit)``, each ``(B,)`` and the same on every rank.
-
-    Each rank passes, per row, the largest of its logits ``local_max`` (-inf without columns), ``local_sum =
-    Σ_j exp(z_j − local_max)`` over its columns and ``target_logit`` (0 where another rank holds the class).
-    ``row_max`` is the global maximum (one all-reduce MAX); ``sum_exp = Σ_r local_sum_r · exp(local_max_r −
-    row_max)`` and the target logits are summed in one all-reduce SUM. Each rank thus reads its logits once:
-    the shift needs no global maximum before the exponentials. With one rank the rescale is by exp(0) = 1.
-    """
-    row_max = all_reduce(local_max.clone(), dist.ReduceOp.MAX)  # (B,)
-    stats = torch.stack([local_sum * torch.exp(local_max - row_max), target_logit])  # (2, B)
-    all_reduce(stats)
-    return row_max, stats[0], stats[1]
-
-
-class _ShardedCrossEntropy(torch.autograd.Function):
-    """Mean softmax cross-entropy over classes sharded across ranks, in log space.
-
-    Shapes per rank: ``logits (B, C_r)`` fp32 (the same B rows on every rank, rank r holding its C_r
-    columns), ``target (B,)`` int64: the column of the sample's class on this rank, or -1 when another
-    rank holds it (exactly one rank holds each sample's class). Output: the same scalar on every rank.
-    Forward: ``m_i = max_r max_j z_ij``, ``S_i = Σ_r Σ_j exp(z_ij − m_i)`` and ``t_i = z_{i,y_i}``
-    (``sharded_log_sum_exp``: each rank reads its logits once), ``loss = mean_i(log S_i + m_i − t_i)``. No
-    probability is clamped, so the loss is exact however large (insightface clamps at 1e-30, which caps a
-    sample's loss at 69.08 and zeroes its gradient).
-    Backward: ``∂loss/∂z_ij = (exp(z_ij − m_i)/S_i − [j = y_i]) / B``, written into the ``logits``
-    tensor in place (pass a temporary; the backward can run once). No rescaling: each rank's gradient is
-    the exact partial derivative for its own columns.
-    The target column is read and written with gather/scatter over every row (rows whose class is
-    elsewhere read column 0 and contribute 0), so no step depends on how many rows are local: no host
-    synchronisation, and a fixed number of operations.
-    """
-
-    @staticmethod
-    def forward(ctx, logits: Tensor, target: Tensor) -> Tensor:
-        batch, classes = logits.shape
-        here = target >= 0  # (B,) the class is one of this rank's columns
-        col = target.clamp(0, max(classes - 1, 0))[:, None]  # (B, 1)
-        if classes > 0:
-            local_max = torch.amax(logits, dim=1)  # (B,) amax: max(dim) also computes the arg max
-            local_sum = (logits - local_max[:, None]).exp_().sum(dim=1)  # (B,)
-            target_logit = torch.where(here, logits.gather(1, col)[:, 0], 0.0)  # (B,)
-        else:
-            local_max = logits.new_full((batch,), float("-inf"))  # (B,)
-            local_sum, target_logit = logits.new_zeros((batch,)), logits.new_zeros((batch,))  # (B,) each
-        row_max, sum_exp, target_logit = sharded_log_sum_exp(local_max, local_sum, target_logit)
-        loss = (torch.log(sum_exp) + row_max - target_logit).mean()
-        ctx.save_for_backward(logits, row_max, sum_exp, here, col)
-        return loss
-
-    @staticmethod
-    def backward(ctx, grad_loss: Tensor):
-        logits, row_max, sum_exp, here, col = ctx.saved_tensors
-        # The logits are a temporary of the head (the margin's output): overwrite them with the gradient.
-        # A second backward through this graph fails autograd's version check instead of reading garbage.
-        scale = grad_loss / logits.shape[0]
-        grad = logits.sub_(row_max[:, None]).exp_().mul_((scale / sum_exp)[:, None])  # (B, C_r) softmax / B
-        if grad.shape[1] > 0:
-            grad.scatter_add_(1, col, torch.where(here, -scale, 0.0)[:, None].to(grad.dtype))
-        return grad, None
-
-
-def sharded_cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
-    """Mean cross-entropy of ``logits (B, C_local)`` whose classes are sharded over ranks.
-
-    ``target (B,)`` holds each row's local column or -1 where another rank owns the class; every rank
-    must pass the same B rows. Returns the same fp32 scalar on every rank (see ``_ShardedCrossEntropy``).
-    ``logits`` is overwritten by its gradient during backward: pass a temporary.
-    """
-    if logits.shape[0] == 0:
-        raise ValueError("sharded_cross_entropy: the batch is empty (0 rows); the mean loss is undefined")
-    return _ShardedCrossEntropy.apply(logits.float(), target)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import (CONFIG, ROOT, load_model, logged_losses, logged_lrs, subprocess_env, torchrun_command,
+from tests.helpers import (CONFIG, ROOT, load_model, logged_lrs, subprocess_env, torchrun_command,
                            train)
 from utils.checkpoint import find_latest, list_checkpoints, step_dir
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from utils.distributed import free_port
+from bench.local_ranks import free_port
 from tests.helpers import CONFIG, ROOT, load_model, max_difference, subprocess_env
 from utils.checkpoint import find_latest
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from utils.distributed import run_on_local_ranks
+from bench.local_ranks import run_on_local_ranks
 from tests.helpers import (CONFIG, REFERENCE, copy_checkpoints_until, gathered_head_after_resume, logged_losses,
                            logged_lrs, saved_head, train)
 from utils.checkpoint import find_latest, step_dir

@@ -213,7 +213,7 @@ def _check(name: str, caller: str) -> None:
 
 def build_head_optimizer(head: Any, name: Literal["sgd", "adamw"], lr: float, momentum: float = 0.9,
                          weight_decay: float = 5e-4) -> torch.optim.Optimizer:
-    """Row-sparse optimizer over ``head.weight`` (a ``partial_fc.PartialFC``): ``RowSparseSGD`` or
+    """Row-sparse optimizer over ``head.weight`` (a ``PartialFC``): ``RowSparseSGD`` or
     ``RowSparseAdamW``. ``state[head.weight]`` holds tensors whose first dimension
     is ``head.num_local``. Raises ``ValueError`` for an unknown name."""
     _check(name, "build_head_optimizer")
