@@ -31,8 +31,8 @@ demo: $(VENV)/.installed
 # JSON under work_dirs/bench/.
 BENCH_OUT := work_dirs/bench
 bench: $(VENV)/.installed
-	$(PY) bench/head.py --num-classes 1000000 --world-size 2 --batch-size 128 --embedding-size 512 --threads 1 --sample-rate 0.1 --repeats 9 --json $(BENCH_OUT)/head_r0.1.json
-	$(PY) bench/head.py --num-classes 1000000 --world-size 2 --batch-size 128 --embedding-size 512 --threads 1 --sample-rate 1.0 --repeats 5 --json $(BENCH_OUT)/head_r1.json
+	$(PY) bench/head.py --num-classes 1000000 --world-size 2 --batch-size 128 --embedding-size 512 --threads 1 --sample-rate 0.1 --compile --repeats 9 --json $(BENCH_OUT)/head_r0.1.json
+	$(PY) bench/head.py --num-classes 1000000 --world-size 2 --batch-size 128 --embedding-size 512 --threads 1 --sample-rate 1.0 --compile --repeats 5 --json $(BENCH_OUT)/head_r1.json
 	$(PY) bench/head.py --num-classes 1000000 --world-size 2 --batch-size 128 --embedding-size 512 --threads 1 --sample-rate 0.1 --optimizer adamw --repeats 9 --json $(BENCH_OUT)/head_r0.1_adamw.json
 	$(PY) bench/head.py --num-classes 1000000 --world-size 2 --batch-size 128 --embedding-size 512 --threads 1 --sample-rate 0.1 --update all --repeats 3 --json $(BENCH_OUT)/head_r0.1_all.json
 	$(PY) bench/backbone.py --network r50 --batch-size 8 --repeats 3 --device cpu --json $(BENCH_OUT)/backbone_r50.json

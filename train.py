@@ -183,8 +183,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             check_world(cfg, world_size)
             check_on_every_rank(cfg, rank)
-            logger.info("config %s (%d ranks, backend %s, device %s):\n%s", args.config, world_size,
-                        dist.get_backend() if dist.is_initialized() else "none", device, cfg)
+            logger.info("config %s (%d ranks, backend %s, device %s, %d torch threads per rank):\n%s", args.config,
+                        world_size, dist.get_backend() if dist.is_initialized() else "none", device,
+                        torch.get_num_threads(), cfg)
             job = build(cfg, rank, world_size, device, logger)
             state = checkpointing.resume(job, job.derived.steps_per_epoch, logger)
             if rank == 0 and job.cfg.using_wandb:  # once the run knows where it resumes, which it may refuse

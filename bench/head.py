@@ -2,7 +2,7 @@
 
     python bench/head.py --num-classes 1000000 --sample-rate 0.1 --world-size 2 --batch-size 128 \
         --embedding-size 512 --threads 1 [--optimizer sgd|adamw] [--update sampled|all] [--compile] \
-        [--device cpu|cuda] [--json PATH]
+        [--no-huge-pages] [--device cpu|cuda] [--json PATH]
 
 Spawns ``--world-size`` ranks (gloo on CPU, NCCL on CUDA). Each rank builds the head exactly as
 ``train.py`` does (``PartialFC`` + ``build_head_optimizer``) and times one step: forward, backward,
@@ -21,6 +21,10 @@ repeat's own ratio. On a shared host the ranks' cores run at different speeds fr
 own floor would count the other core's slowness as the head's. ``rank0_ratio`` is rank 0's step over its own
 floor (medians), for comparison.
 
+The ranks run with ``THP_MEM_ALLOC_ENABLE=1`` (PyTorch's transparent huge pages for CPU tensors of 2 MB and
+more; ``--no-huge-pages`` to leave it unset): a step's fresh tensors of tens or hundreds of megabytes otherwise
+cost a page fault per 4 KiB on first write, which no GPU step pays (its caching allocator reuses memory).
+
 Peak memory per rank (``measure_peak``) is the growth of the resident set (CPU) or of CUDA's allocated
 bytes (GPU) from just before a head is built to its high-water mark over construction and the warm-up steps (at
 least two); it is reported against the fp32 shard ``num_local · D · 4`` bytes, rank 0's. The compiled head is
@@ -30,6 +34,7 @@ measured after the eager one, which is still alive (its memory is part of that b
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 from contextlib import contextmanager
@@ -62,6 +67,7 @@ class HeadConfig:
     warmup: int = 1
     floor: bool = True
     compile: bool = False  # also time the head with compile = True
+    huge_pages: bool = True  # THP_MEM_ALLOC_ENABLE=1 for the ranks
     seed: int = 0
 
 
@@ -225,7 +231,11 @@ def _timing(samples: list[float]) -> dict[str, float]:
 
 
 def run(cfg: HeadConfig, world_size: int, timeout: float = 3600.0) -> list[dict[str, Any]]:
-    """Run ``head_rank`` on ``world_size`` spawned local ranks (gloo on CPU, NCCL on CUDA); every rank's figures."""
+    """Run ``head_rank`` on ``world_size`` spawned local ranks (gloo on CPU, NCCL on CUDA); every rank's figures.
+    The ranks start with PyTorch's transparent huge pages for large CPU tensors (``THP_MEM_ALLOC_ENABLE=1``, as
+    docs/cpu.md recommends for CPU training; ``--no-huge-pages`` leaves the environment as it is)."""
+    if cfg.huge_pages:
+        os.environ["THP_MEM_ALLOC_ENABLE"] = "1"
     return run_on_local_ranks(head_rank, world_size, cfg, backend="nccl" if cfg.device == "cuda" else "gloo",
                               timeout=timeout)
 
@@ -306,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="head update: only the sampled rows (default) or every row (arcface_torch's)")
     parser.add_argument("--compile", action="store_true",
                         help="also time the head with compile = True (config compile_head), side by side")
+    parser.add_argument("--no-huge-pages", dest="huge_pages", action="store_false",
+                        help="do not set THP_MEM_ALLOC_ENABLE=1 for the ranks (4 KiB pages for every fresh tensor)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--json", help="write the results here")
@@ -315,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"{args.world_size}, {args.batch_size}, {args.repeats}, {args.warmup}")
     cfg = HeadConfig(num_classes=args.num_classes, sample_rate=args.sample_rate, batch_size=args.batch_size,
                      embedding_size=args.embedding_size, optimizer=args.optimizer, update=args.update, device=args.device,
-                     threads=args.threads, repeats=args.repeats, warmup=args.warmup, compile=args.compile)
+                     threads=args.threads, repeats=args.repeats, warmup=args.warmup, compile=args.compile,
+                     huge_pages=args.huge_pages)
     result = summarise(cfg, args.world_size, run(cfg, args.world_size))
     print(markdown_table(*table(args, result)))
     write_json(args.json, result)

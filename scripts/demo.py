@@ -10,6 +10,10 @@ Precision: a config with ``bf16 = True`` (the demo's) trains and verifies in bf1
 bf16 in hardware (AVX512-BF16, AMX, Arm BF16); on other CPUs the demo says so and runs fp32 instead
 (``--set bf16=false``), which is faster there.
 
+Threads: each training rank gets the machine's cores divided by the ranks (``OMP_NUM_THREADS``, whatever the
+shell says: an inherited value made for one process oversubscribes the cores, several times slower), and every
+step runs with PyTorch's transparent huge pages for large CPU tensors (``THP_MEM_ALLOC_ENABLE=1``, docs/cpu.md).
+
     python scripts/demo.py [--config configs/demo_cpu.py] [--nproc 2] [--pairs 1200]
 """
 from __future__ import annotations
@@ -26,10 +30,22 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def run(cmd: list[str], what: str) -> None:
-    """Run a step of the demo, streaming its output; stop the demo with its exit code if it fails."""
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the platform says, else the machine's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def child_env(threads: int, env: dict[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: this process's) for a step of the demo: ``threads`` torch threads per process, and
+    PyTorch's transparent huge pages for large CPU tensors (fewer page faults on the head's fresh tensors)."""
+    return {**(os.environ if env is None else env), "OMP_NUM_THREADS": str(threads), "THP_MEM_ALLOC_ENABLE": "1"}
+
+
+def run(cmd: list[str], what: str, threads: int) -> None:
+    """Run a step of the demo with ``threads`` threads per process, streaming its output; stop the demo with its
+    exit code if it fails."""
     print(f"\n=== {what}\n$ {' '.join(cmd)}", flush=True)
-    _stop_if_failed(what, subprocess.run(cmd, cwd=ROOT).returncode)
+    _stop_if_failed(what, subprocess.run(cmd, cwd=ROOT, env=child_env(threads)).returncode)
 
 
 def _stop_if_failed(what: str, returncode: int) -> None:
@@ -46,11 +62,11 @@ def run_side_by_side(steps: list[tuple[list[str], str]]) -> None:
     Two verification passes of one small network each keep one core busy; side by side on two cores they
     take the time of one (torch's intra-op threads gain little on batches of 112x112 images this small).
     """
-    if len(steps) > (os.cpu_count() or 1):
+    if len(steps) > usable_cores():
         for cmd, what in steps:
-            run(cmd, what)
+            run(cmd, what, usable_cores())
         return
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = child_env(1)
     procs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for cmd, _ in steps]
     outputs = [proc.communicate()[0] for proc in procs]
@@ -91,13 +107,17 @@ def main(argv: list[str] | None = None) -> int:
                   "and verifying in fp32, which is faster here", flush=True)
     targets = list(cfg.val_targets)
     start = time.perf_counter()
+    cores = usable_cores()
+    per_rank = max(1, cores // args.nproc)
 
     run([sys.executable, "scripts/make_synthetic.py", "--out", str(data), "--num-classes", str(cfg.num_classes),
          "--images-per-class", str(cfg.num_image // cfg.num_classes), "--pairs", str(args.pairs),
          "--seed", str(cfg.seed), "--preview", str(data / "preview.png")],
-        "1/3 synthetic identities (cached)")
+        "1/3 synthetic identities (cached)", 1)
     run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
-         "train.py", args.config, *train_overrides], f"2/3 training on {args.nproc} CPU ranks ({precision})")
+         "train.py", args.config, *train_overrides],
+        f"2/3 training on {args.nproc} CPU ranks x {per_rank} thread{'s' if per_rank > 1 else ''} ({precision})",
+        per_rank)
     trained_json, untrained_json, roc = output / "verify_trained.json", output / "verify_untrained.json", output / "roc.png"
     # The trainer seeds torch with cfg.seed before building the backbone: the same network, untrained.
     untrained_model = ["--network", cfg.network, "--network-kwargs", json.dumps(dict(cfg.network_kwargs)),

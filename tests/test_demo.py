@@ -31,9 +31,15 @@ def test_short_demo_beats_the_untrained_baseline(tmp_path):
     output = tmp_path / "out"
     config.write_text((ROOT / "configs" / "demo_cpu.py").read_text()
                       + SMALL.format(rec=str(tmp_path / "data"), output=str(output)))
+    # A shell's OMP_NUM_THREADS made for one process: the demo gives each rank its share of the cores instead.
+    env = {**subprocess_env(), "OMP_NUM_THREADS": "5"}
     proc = subprocess.run([sys.executable, "scripts/demo.py", "--config", str(config), "--pairs", "300"],
-                          cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=400)
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    from scripts.demo import usable_cores
+
+    per_rank = max(1, usable_cores() // 2)
+    assert f"{per_rank} torch threads per rank" in (output / "training.log").read_text()
     results = json.loads((output / "results.json").read_text())
     assert sorted(results) == ["syn_easy", "syn_hard"]
     for target, r in results.items():
@@ -49,10 +55,11 @@ def test_short_demo_beats_the_untrained_baseline(tmp_path):
     from utils.precision import cpu_computes_bf16
 
     precision = "bf16" if cpu_computes_bf16() else "fp32"
-    assert f"training on 2 CPU ranks ({precision})" in proc.stdout and f"--precision {precision}" in proc.stdout
+    assert f"training on 2 CPU ranks x {per_rank} thread" in proc.stdout and f"({precision})" in proc.stdout
+    assert f"--precision {precision}" in proc.stdout
     # README: a second run resumes at the last step, trains nothing and verifies again, with the same results
     again = subprocess.run([sys.executable, "scripts/demo.py", "--config", str(config), "--pairs", "300"],
-                           cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=400)
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-4000:]
     assert "resumed from" in again.stdout and "at step 80 " in again.stdout
     assert "done: 80 steps" in again.stdout and " step 20/80 " not in again.stdout
@@ -89,7 +96,7 @@ def test_demo_trains_and_verifies_bf16_only_where_the_cpu_computes_it(tmp_path, 
     config.write_text((ROOT / "configs" / "demo_cpu.py").read_text()
                       + SMALL.format(rec=str(tmp_path / "data"), output=str(output)))
     commands = []
-    monkeypatch.setattr(demo, "run", lambda cmd, what: commands.append(cmd))
+    monkeypatch.setattr(demo, "run", lambda cmd, what, threads: commands.append(cmd))
 
     def verified(steps):
         for cmd, _ in steps:
@@ -156,3 +163,10 @@ print(json.dumps([f for f in files if f.startswith(site) and f.endswith(".py")
     assert proc.returncode == 0, proc.stderr[-3000:]
     missing = json.loads(proc.stdout.strip().splitlines()[-1])
     assert missing == [], f"{len(missing)} imported modules without a .pyc, e.g. {missing[:5]}"
+
+
+def test_each_demo_step_gets_its_threads_and_huge_pages_whatever_the_shell_says():
+    from scripts.demo import child_env
+
+    env = child_env(1, {"OMP_NUM_THREADS": "8", "PATH": "/bin"})
+    assert env == {"OMP_NUM_THREADS": "1", "THP_MEM_ALLOC_ENABLE": "1", "PATH": "/bin"}
