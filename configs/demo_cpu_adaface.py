@@ -28,7 +28,9 @@ config.num_image = 8000
 config.num_epoch = 1
 config.max_steps = 1000
 config.val_targets = ["syn_easy", "syn_hard"]
-config.num_workers = 1
+# Images decoded in the rank itself: with 2 ranks on 2 cores a loader process per rank only competes with them
+# for the cores (measured: 532 against 413 samples/s, the same batches).
+config.num_workers = 0
 config.device = "cpu"
 config.output = "work_dirs/demo_adaface"
 config.save_every_steps = 100

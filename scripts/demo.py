@@ -11,8 +11,7 @@ bf16 in hardware (AVX512-BF16, AMX, Arm BF16); on other CPUs the demo says so an
 (``--set bf16=false``), which is faster there.
 
 Threads: each training rank gets the machine's cores divided by the ranks (``OMP_NUM_THREADS``, whatever the
-shell says: an inherited value made for one process oversubscribes the cores, several times slower), and every
-step runs with PyTorch's transparent huge pages for large CPU tensors (``THP_MEM_ALLOC_ENABLE=1``, docs/cpu.md).
+shell says: an inherited value made for one process oversubscribes the cores, several times slower).
 
     python scripts/demo.py [--config configs/demo_cpu.py] [--nproc 2] [--pairs 1200]
 """
@@ -36,9 +35,8 @@ def usable_cores() -> int:
 
 
 def child_env(threads: int, env: dict[str, str] | None = None) -> dict[str, str]:
-    """``env`` (default: this process's) for a step of the demo: ``threads`` torch threads per process, and
-    PyTorch's transparent huge pages for large CPU tensors (fewer page faults on the head's fresh tensors)."""
-    return {**(os.environ if env is None else env), "OMP_NUM_THREADS": str(threads), "THP_MEM_ALLOC_ENABLE": "1"}
+    """``env`` (default: this process's) for a step of the demo: ``threads`` torch threads per process."""
+    return {**(os.environ if env is None else env), "OMP_NUM_THREADS": str(threads)}
 
 
 def run(cmd: list[str], what: str, threads: int) -> None:
