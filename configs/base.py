@@ -76,7 +76,8 @@ config.sub_centers = 1
 config.head_update = "sampled"
 # Run the fused margin-softmax's collective-free parts (cosines -> logits -> each row's max and exponentials; the
 # local part of the backward) through torch.compile: fused loops with fewer passes over the (B, C) cosines, C++ on
-# the CPU and Triton on CUDA from the same source; the same results up to rounding, after a first slow step.
+# the CPU and Triton on CUDA from the same source; the same results up to rounding, after a first slow step. Meant
+# for GPUs: on CPUs inductor's loops measured slower than eager (bench/README.md).
 config.compile_head = False
 
 # ---------------------------------------------------------------- precision

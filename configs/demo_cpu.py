@@ -3,7 +3,7 @@
 Data: 500 generated identities x 16 images in the insightface RecordIO layout, plus syn_easy / syn_hard
 verification pairs of 1,200 pairs each from identities not in training (scripts/make_synthetic.py writes
 them into `rec`). The tiny IResNet with 2 channels at full resolution and 8, 16, 32 in the smaller stages (a
-first stage of 8 channels trains 2.5x slower on one core: 115 against 289 images/s, bench/README.md), a 256-d
+first stage of 8 channels trains 2.5x slower per core: 4x the multiply-adds; bench/README.md), a 256-d
 embedding, CosFace margin, AdamW, Partial FC sampling half the class centres per step, 1,000 steps in bf16
 (scripts/demo.py switches to fp32 on a CPU without hardware bf16). No verification during training (base's verbose = 2000 is past the last step):
 scripts/demo.py verifies the final model offline, beside the untrained one.
@@ -29,7 +29,7 @@ config.num_epoch = 1
 config.max_steps = 1000
 config.val_targets = ["syn_easy", "syn_hard"]
 # Images decoded in the rank itself: with 2 ranks on 2 cores a loader process per rank only competes with them
-# for the cores (measured: 532 against 413 samples/s, the same batches).
+# for the cores (the same batches, slower; bench/README.md).
 config.num_workers = 0
 config.device = "cpu"
 config.output = "work_dirs/demo"

@@ -29,7 +29,7 @@ config.num_epoch = 1
 config.max_steps = 1000
 config.val_targets = ["syn_easy", "syn_hard"]
 # Images decoded in the rank itself: with 2 ranks on 2 cores a loader process per rank only competes with them
-# for the cores (measured: 532 against 413 samples/s, the same batches).
+# for the cores (the same batches, slower; bench/README.md).
 config.num_workers = 0
 config.device = "cpu"
 config.output = "work_dirs/demo_adaface"

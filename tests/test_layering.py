@@ -134,3 +134,10 @@ def test_the_head_is_one_package_as_drawn():
                 defined.setdefault(node.name, []).append(str(path.relative_to(ROOT)))
     assert all(all(f.startswith("partial_fc/") for f in files) for files in defined.values()), defined
     assert set(defined) == head_names, sorted(head_names - set(defined))
+
+
+def test_every_library_part_logs_through_the_trainer_s_logger():
+    """``setup_logging`` routes the module loggers of every part below the entry points (rank 0 only)."""
+    from utils.logging_setup import LIBRARY_PACKAGES
+
+    assert set(LIBRARY_PACKAGES) == set(ALLOWED) - ENTRY_POINTS - {"configs"}

@@ -18,6 +18,9 @@ LOGGER_NAME = "facetrain"
 _FORMAT = "%(asctime)s %(levelname)s %(message)s"
 
 
+# The project's packages whose module loggers log as the trainer's (rank 0 only, into training.log).
+LIBRARY_PACKAGES = ("backbones", "dataset", "eval", "losses", "partial_fc", "trainer", "utils")
+
 def setup_logging(rank: int, output: str | Path | None) -> logging.Logger:
     """Configure and return the project logger for this rank (idempotent: handlers are replaced)."""
     logger = logging.getLogger(LOGGER_NAME)
@@ -45,7 +48,7 @@ def setup_logging(rank: int, output: str | Path | None) -> logging.Logger:
         console.setFormatter(logging.Formatter(f"[rank {rank}] " + _FORMAT, datefmt="%H:%M:%S"))
         logger.addHandler(console)
     # Library modules log through logging.getLogger(__name__); route the project's packages here too.
-    for name in ("partial_fc", "optimizers", "dataset", "eval", "utils", "backbones", "losses"):
+    for name in LIBRARY_PACKAGES:
         child = logging.getLogger(name)
         child.handlers = logger.handlers[:]
         child.setLevel(logger.level)
