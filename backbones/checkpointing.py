@@ -4,7 +4,9 @@
 would then update its running mean/var (and ``num_batches_tracked``) a second time with the same batch,
 so the running statistics of a checkpointed model drift from those of the same model trained without
 checkpointing. The recompute pass below runs with every BatchNorm's momentum at 0 and puts
-``num_batches_tracked`` back, so both runs end with identical buffers.
+``num_batches_tracked`` back, so both runs end with identical buffers. Under ``torch.compile`` the
+recomputation is traced into the backward graph, which recomputes values without repeating the forward's
+buffer updates, so checkpointing there needs no such context.
 """
 from __future__ import annotations
 
@@ -44,6 +46,11 @@ def maybe_checkpoint(module: nn.Module, x: torch.Tensor, enabled: bool) -> torch
     """
     if not (enabled and module.training and torch.is_grad_enabled()):
         return module(x)
+    if torch.compiler.is_compiling():
+        # Under torch.compile the recomputation is part of the traced backward graph, which recomputes values
+        # only: the running statistics are updated once, by the forward, without the context above (which
+        # dynamo cannot trace).
+        return checkpoint(module, x, use_reentrant=False)
     return checkpoint(
         module,
         x,

@@ -149,7 +149,7 @@ def head_rank(rank: int, world_size: int, cfg: HeadConfig) -> dict[str, Any]:
     # One step of a tiny head first: the first optimizer and the first backward load library code
     # (~200 MB of RSS in torch 2.14, e.g. torch._dynamo via torch.optim) that a trainer has already paid
     # for its backbone; the figure below is the head's own memory.
-    tiny = PartialFC(ArcFace(), D, 4 * world_size, cfg.sample_rate, seed=cfg.seed, update=cfg.update).to(device)
+    tiny = PartialFC(ArcFace(), D, 4 * world_size, cfg.sample_rate, seed=cfg.seed, update=cfg.update, device=device)
     tiny_opt = build_head_optimizer(tiny, cfg.optimizer, lr=0.1, momentum=0.9, weight_decay=5e-4)
     tiny(embeddings, label_sets[0] % (4 * world_size)).backward()
     tiny_opt.step()
@@ -175,7 +175,7 @@ def head_rank(rank: int, world_size: int, cfg: HeadConfig) -> dict[str, Any]:
         """(a step function of a new head, its peak memory, its first step's seconds)."""
         with measure_peak(device) as meter:
             head = PartialFC(ArcFace(), D, cfg.num_classes, cfg.sample_rate, seed=cfg.seed, update=cfg.update,
-                             compile=compiled).to(device)
+                             compile=compiled, device=device)
             opt = build_head_optimizer(head, cfg.optimizer, lr=0.1, momentum=0.9, weight_decay=5e-4)
             assert head.num_local == num_local, (head.num_local, num_local)
             calls = [0]

@@ -124,4 +124,6 @@ def normalise(images: torch.Tensor) -> torch.Tensor:
     # copy_ converts and makes the layout contiguous in one pass (a channels-last batch from stack_flipped
     # or a decoder's HWC image would otherwise give the backbone channels-last input).
     out = torch.empty(images.shape, dtype=torch.float32, device=images.device)  # (..., 3, H, W)
-    return out.copy_(images).sub_(PIXEL_MEAN).div_(PIXEL_STD)
+    # A multiplication by the fp32 reciprocal, not a division: CUDA divides by a scalar as exactly this
+    # multiplication while the CPU divides, which differ in the last bit for 126 of the 256 pixel values.
+    return out.copy_(images).sub_(PIXEL_MEAN).mul_(1.0 / PIXEL_STD)

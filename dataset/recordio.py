@@ -389,9 +389,13 @@ def read_property(path: str | os.PathLike) -> tuple[int, tuple[int, int]] | None
     path = Path(path)
     if not path.is_file():
         return None
-    text = path.read_text().strip()
+    raw = path.read_bytes()
     try:
+        text = raw.decode("ascii").strip()
         c, h, w = (int(v) for v in text.split(","))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not a text file (byte {exc.start} is 0x{raw[exc.start]:02x}); expected "
+                         f"'num_classes,height,width' (e.g. '93431,112,112')") from exc
     except ValueError as exc:
         raise ValueError(f"{path}: expected 'num_classes,height,width' (e.g. '93431,112,112'); got "
                          f"{text[:80]!r}") from exc

@@ -156,6 +156,8 @@ class AdaFace(nn.Module):
         safe = norms.detach().float().clamp(*_NORM_RANGE)  # (B,)
         if self.training:
             self._update_statistics(safe)
+        if cosines.shape[1] == 0:  # no class here (a rank none of whose classes a sampled step uses): no target
+            return cosines * self.s
         quality = ((safe - self.batch_mean) / (self.batch_std + _EPS) * self.h).clamp(-1.0, 1.0)[:, None]  # (B, 1)
         g_angle = quality * -self.m  # (B, 1)
         g_add = quality * self.m + self.m  # (B, 1)

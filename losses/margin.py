@@ -202,6 +202,8 @@ class CombinedMarginLoss(nn.Module):
         check would cost a host-device synchronisation per step on an accelerator. ``norms`` (the embedding
         norms every margin of ``losses`` receives) is not used: these margins depend on the angle only.
         """
+        if logits.shape[1] == 0:  # no class here (a rank none of whose classes a sampled step uses): no target
+            return logits * self.s
         return _MarginFunction.apply(logits, labels, self.s, self.m1, self.m2, self.m3,
                                      self.interclass_filtering_threshold, self.gradient == "exact")
 

@@ -235,8 +235,13 @@ class MarginSoftmax(torch.autograd.Function):
         s = margin.target_only_scale()
         here = (target >= 0)[:, None]  # (B, 1)
         col = target.clamp_min(0)[:, None]  # (B, 1)
-        target_logit, slope = margin.target_logits(prod.gather(1, col) * saved.inv_w[col])  # (B, 1) each
-        exps, local_max, local_sum = statistics(prod, saved.inv_w, s, target_logit, here, col)  # prod: now cos
+        if prod.shape[1] > 0:
+            target_logit, slope = margin.target_logits(prod.gather(1, col) * saved.inv_w[col])  # (B, 1) each
+            exps, local_max, local_sum = statistics(prod, saved.inv_w, s, target_logit, here, col)  # prod: now cos
+        else:  # a rank none of whose classes the step samples: no column, no target; the collectives still run
+            target_logit = slope = prod.new_zeros((prod.shape[0], 1))  # (B, 1)
+            exps, local_max, local_sum = prod, prod.new_full((prod.shape[0],), float("-inf")), prod.new_zeros(
+                prod.shape[0])
         row_max, sum_exp, total_target = sharded_log_sum_exp(
             local_max, local_sum, torch.where(here, target_logit, 0.0)[:, 0])
         loss = (torch.log(sum_exp) + row_max - total_target).mean()
@@ -254,7 +259,10 @@ class MarginSoftmax(torch.autograd.Function):
         saved = _Saved(*saved)
         cos, exps, ctx.cos, ctx.exps = ctx.cos, ctx.exps, None, None
         scale = grad_loss / cos.shape[0]  # ()
-        g, dot_w, dot_e = ctx.gradient(cos, exps, to_softmax * scale, scale, ctx.s, slope, here, col)  # g: exps'
+        if cos.shape[1] > 0:
+            g, dot_w, dot_e = ctx.gradient(cos, exps, to_softmax * scale, scale, ctx.s, slope, here, col)  # g: exps'
+        else:  # no column on this rank (see forward)
+            g, dot_w, dot_e = exps, cos.new_zeros(0), cos.new_zeros(cos.shape[0])
         left, right = _product_operands(ctx.compute_dtype, g, cos, saved.rows, saved.inv_w)  # G: over the cosines
         del cos, exps, g  # only `left` of the (B, C) tensors is read from here on
         return *_cosine_products_backward(ctx, saved, left, right, dot_w, dot_e), None, None, None, None, None, None

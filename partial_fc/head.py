@@ -55,6 +55,8 @@ class PartialFC(nn.Module):
             maximum and sum; ``softmax_gradient``: the local part of the backward) through ``torch.compile``,
             which fuses each into loops that need no ``(B, C)`` work tensor (C++ on the CPU, Triton on CUDA).
             The same values to rounding; the first steps pay the compilation.
+        device: where the class centres are made (initialised there in blocks, no host copy of the shard; see
+            ``sharding.init_rows`` for the values on a GPU); ``.to(device)`` moves them later as for any module.
 
     Attributes: ``weight`` (num_local, K·D) fp32 Parameter, ``class_start``, ``num_local``, ``sub_centers``.
     ``forward(local_embeddings (B, D), local_labels (B,))`` returns the mean loss over the global batch;
@@ -68,7 +70,8 @@ class PartialFC(nn.Module):
 
     def __init__(self, margin_loss: Margin | Callable[[Tensor, Tensor], Tensor], embedding_size: int,
                  num_classes: int, sample_rate: float = 1.0, *, seed: int = 0, sub_centers: int = 1,
-                 update: HeadUpdate = "sampled", compile: bool = False) -> None:
+                 update: HeadUpdate = "sampled", compile: bool = False,
+                 device: torch.device | str = "cpu") -> None:
         super().__init__()
         if not callable(margin_loss):
             raise ValueError(f"PartialFC: margin_loss must be callable (e.g. losses.ArcFace()), got {margin_loss!r}")
@@ -92,7 +95,7 @@ class PartialFC(nn.Module):
         self.compile = compile
         # Centre k of class c is centre row c·K + k of the (C·K, D) matrix: its initial value depends only on
         # (seed, c·K + k), so the full weight does not depend on the world size.
-        rows = init_rows(seed, self.class_start * sub_centers, self.num_local * sub_centers, embedding_size)
+        rows = init_rows(seed, self.class_start * sub_centers, self.num_local * sub_centers, embedding_size, device)
         self.weight = nn.Parameter(rows.view(self.num_local, sub_centers * embedding_size))  # (num_local, K·D)
         self._grad_rows = -1  # rows of the last step's sparse weight gradient
         self.weight.register_post_accumulate_grad_hook(self._mark_coalesced)

@@ -44,22 +44,30 @@ def sample_size(num_local: int, sample_rate: float, positives: int) -> int:
     return min(num_local, max(int(sample_rate * num_local), positives))
 
 
-def init_rows(seed: int, class_start: int, num_local: int, dim: int) -> Tensor:
-    """``normal(0, 0.01)`` rows for classes ``[class_start, class_start + num_local)``.
+def init_rows(seed: int, class_start: int, num_local: int, dim: int,
+              device: torch.device | str = "cpu") -> Tensor:
+    """``normal(0, 0.01)`` rows for classes ``[class_start, class_start + num_local)``, made on ``device``.
 
     Rows come from blocks of ``INIT_BLOCK`` classes, each drawn from its own generator seeded by
-    ``(seed, block)``, so class ``c``'s initial centre depends only on ``seed`` and ``c``: the full
-    weight is the same for every world size.
+    ``(seed, block)`` on ``device``, so class ``c``'s initial centre depends only on ``seed`` and ``c``: the full
+    weight is the same for every world size. The blocks are drawn straight into the output, on the device, so a
+    shard of millions of classes needs no host copy. The CPU's and CUDA's generators draw different numbers
+    from the same seed: a head initialised on a GPU has other (equally distributed) initial centres than one
+    initialised on the CPU, the same on every world size.
     """
-    out = torch.empty(num_local, dim)  # (num_local, D)
+    out = torch.empty(num_local, dim, device=device)  # (num_local, D)
     end = class_start + num_local
-    generator = torch.Generator()
+    generator = torch.Generator(device=out.device)
     for block in range(class_start // INIT_BLOCK, (end - 1) // INIT_BLOCK + 1):
         generator.manual_seed((seed * 1_000_003 + block) % (2**63))
-        values = torch.randn(INIT_BLOCK, dim, generator=generator).mul_(0.01)  # (BLOCK, D)
         lo, hi = max(class_start, block * INIT_BLOCK), min(end, (block + 1) * INIT_BLOCK)
-        out[lo - class_start: hi - class_start] = values[lo - block * INIT_BLOCK: hi - block * INIT_BLOCK]
-    return out
+        if lo == block * INIT_BLOCK and hi == (block + 1) * INIT_BLOCK:  # a whole block: drawn in place
+            torch.randn(INIT_BLOCK, dim, generator=generator, device=out.device,
+                        out=out[lo - class_start: hi - class_start])
+        else:  # a block the shard starts or ends inside: the same draws, the shard's part of them kept
+            values = torch.randn(INIT_BLOCK, dim, generator=generator, device=out.device)  # (BLOCK, D)
+            out[lo - class_start: hi - class_start] = values[lo - block * INIT_BLOCK: hi - block * INIT_BLOCK]
+    return out.mul_(0.01)
 
 
 def _mix31_(x: Tensor, work: Tensor) -> Tensor:

@@ -452,6 +452,38 @@ def test_activation_checkpointing_changes_nothing_but_memory(name: str, kwargs: 
         torch.testing.assert_close(c, b, rtol=1e-6, atol=1e-7, msg=lambda m, k=key: f"{k}: {m}")
 
 
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("name", ["tiny", "vit"])
+def test_a_checkpointed_backbone_compiles_and_trains_as_eager(name: str) -> None:
+    """``compile = True`` with activation checkpointing (the default of vit_b/l/h and r2060): torch.compile traces
+    the checkpointed blocks, and one training step gives eager's output, gradients and BatchNorm statistics.
+    The backend is aot_eager: dynamo and AOT autograd trace it as for inductor (the failure was dynamo's, before any
+    backend), without inductor's C++ for the whole network, which takes minutes on two cores."""
+    from backbones.vit import VisionTransformer
+
+    def build(checkpointing: bool) -> torch.nn.Module:
+        torch.manual_seed(0)
+        if name == "tiny":
+            return get_model("tiny", num_features=16, widths=(4, 8, 8, 16), activation_checkpointing=checkpointing)
+        return VisionTransformer(32, 2, 8, num_features=16, activation_checkpointing=checkpointing)
+
+    x = torch.randn(3, 3, 112, 112, generator=torch.Generator().manual_seed(1))
+    runs = []
+    for model, compiled in ((build(False), False), (build(True), True)):
+        step = torch.compile(model, backend="aot_eager") if compiled else model
+        y = step(x)  # (3, 16)
+        y.square().sum().backward()
+        runs.append((y.detach(), {k: p.grad for k, p in model.named_parameters() if p.grad is not None},
+                     {k: b.clone() for k, b in model.named_buffers()}))
+    (y0, g0, b0), (y1, g1, b1) = runs
+    torch.testing.assert_close(y1, y0, rtol=1e-5, atol=1e-5)
+    assert g0.keys() == g1.keys() and g0
+    for key in g0:
+        torch.testing.assert_close(g1[key], g0[key], rtol=1e-4, atol=1e-5, msg=lambda m, k=key: f"{k}: {m}")
+    for key in b0:  # the recompute in the compiled backward updates no statistics a second time
+        torch.testing.assert_close(b1[key], b0[key], rtol=1e-6, atol=1e-7, msg=lambda m, k=key: f"{k}: {m}")
+
+
 @pytest.mark.parametrize("name", sorted(CONTRACT_NAMES))
 def test_activation_checkpointing_default_is_the_official_one(name: str) -> None:
     """The official r2060, vit_b, vit_b_dp005_mask_005, vit_l_dp005_mask_005 and vit_h always recompute

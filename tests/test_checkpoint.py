@@ -151,6 +151,22 @@ def test_layout_contents_and_weights_only(tmp_path):
     assert list(tmp_path.joinpath("checkpoints").iterdir()) == [ckpt]  # no .tmp left behind
 
 
+def test_every_saved_tensor_is_a_cpu_tensor_at_any_depth():
+    """``on_cpu`` (what save_checkpoint applies to every file): tensors detached and on the CPU inside dicts, lists,
+    tuples and named tuples, everything else as it was (a GPU's tensors: tests/test_cuda.py)."""
+    from utils.checkpoint import on_cpu
+
+    leaf = torch.ones(3, requires_grad=True) * 2
+    payload = {"state": {0: {"momentum_buffer": leaf, "step": torch.tensor(4.0)}},
+               "param_groups": [{"lr": 0.1, "betas": (0.9, leaf), "params": [0, 1]}], "where": TrainState(step=3),
+               "pair": torch.return_types.max((leaf, torch.zeros(3, dtype=torch.long)))}
+    out = on_cpu(payload)
+    tensors = [out["state"][0]["momentum_buffer"], out["param_groups"][0]["betas"][1], out["pair"].values]
+    assert all(t.device.type == "cpu" and not t.requires_grad and torch.equal(t, leaf.detach()) for t in tensors)
+    assert out["param_groups"][0]["params"] == [0, 1] and out["where"] == TrainState(step=3)
+    assert type(out["param_groups"][0]["betas"]) is tuple and type(out["pair"]) is torch.return_types.max
+
+
 def test_rng_roundtrip():
     state = rng_state()
     a = torch.rand(5)

@@ -44,6 +44,20 @@ def _head_step(device: str, rate: float, dtype: torch.dtype | None):
     return float(loss.detach()), emb.grad.cpu(), grad.cpu()
 
 
+def test_the_head_is_initialised_on_the_gpu_the_same_for_every_world_size():
+    """init_rows on CUDA: made on the device (no host copy), normal(0, 0.01), a class's centre the same whatever
+    shard holds it; PartialFC(device="cuda") puts its weight there."""
+    from losses import ArcFace
+    from partial_fc import PartialFC
+    from partial_fc.sharding import init_rows
+
+    full = init_rows(4, 0, 3000, 8, "cuda")
+    assert full.is_cuda and abs(float(full.std()) - 0.01) < 1e-3
+    assert torch.equal(init_rows(4, 1017, 1500, 8, "cuda"), full[1017:2517])
+    head = PartialFC(ArcFace(), 8, 3000, device="cuda")
+    assert head.weight.is_cuda and torch.equal(head.weight.detach(), full)
+
+
 @pytest.mark.parametrize("rate", [1.0, 0.1])
 def test_head_on_cuda_equals_the_cpu_head(rate):
     cpu = _head_step("cpu", rate, None)
@@ -95,6 +109,24 @@ def test_one_rank_nccl_group_trains_through_train_py(tmp_path):
     assert "step 20/20" in log
     weights = torch.load(tmp_path / "model.pt", weights_only=True)  # no map_location: as on a machine without a GPU
     assert {v.device.type for v in weights.values()} == {"cpu"}
+    # Every file of the step checkpoints too (the optimizer states, the head shard, the RNG): CPU tensors only.
+    from utils.checkpoint import find_latest
+
+    devices = set()
+
+    def collect(obj):
+        if isinstance(obj, torch.Tensor):
+            devices.add(obj.device.type)
+        elif isinstance(obj, dict):
+            for value in obj.values():
+                collect(value)
+        elif isinstance(obj, (list, tuple)):
+            for value in obj:
+                collect(value)
+
+    for path in find_latest(tmp_path).glob("*.pt"):
+        collect(torch.load(path, weights_only=True))
+    assert devices == {"cpu"}, devices
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])

@@ -64,6 +64,17 @@ def test_label_out_of_range_fails_when_read(tmp_path):
         ds[2]
 
 
+@pytest.mark.parametrize("content", [b"93431,112,1\xff2", b"\x80\x81", b"10,112"])
+def test_a_property_file_that_is_not_three_numbers_names_the_file(tmp_path, content):
+    """A corrupted byte (not text) or a wrong shape: one ValueError that starts with the property file's path."""
+    root = _im2rec(tmp_path, [0, 1])
+    (root / "property").write_bytes(content)
+    with pytest.raises(ValueError) as err:
+        MXFaceDataset(root)
+    assert str(err.value).startswith(str(root / "property")), str(err.value)
+    assert "num_classes,height,width" in str(err.value)
+
+
 def test_undecodable_image_names_file_and_key(tmp_path):
     ds = MXFaceDataset(_im2rec(tmp_path, [0, 1], images=[_jpeg(0), b"\xff\xd8not a jpeg"]))
     with pytest.raises(ValueError, match=r"train.rec \(key 1\): cannot decode image"):
@@ -187,7 +198,7 @@ def test_loader_workers_resume_and_flips(tmp_path):
     for j in range(4):
         img = ds[int(indices[4 + j])][0]
         img = img.flip(-1) if flips[4 + j] else img
-        assert torch.equal(ref[1][0][j], (img.float() - 127.5) / 127.5)
+        assert torch.equal(ref[1][0][j], (img.float() - 127.5) * (1 / 127.5))
     assert int(flips.sum()) not in (0, len(flips))  # some flipped, some not
 
 
@@ -221,12 +232,16 @@ def test_the_one_normalisation():
     images = torch.tensor([0, 1, 127, 128, 254, 255], dtype=torch.uint8).view(1, 1, 2, 3).expand(2, 3, 2, 3)
     out = normalise(images)
     assert out.dtype == torch.float32 and out.shape == (2, 3, 2, 3) and images.dtype == torch.uint8
-    assert torch.equal(out, (images.float() - 127.5) / 127.5) and out.min() == -1 and out.max() == 1
+    assert torch.equal(out, (images.float() - 127.5) * (1 / 127.5)) and out.min() == -1 and out.max() == 1
+    # Every pixel value as a multiplication by the fp32 reciprocal, the arithmetic CUDA uses for a division by a
+    # scalar (a division differs in the last bit for 126 of the 256 values): the same batches on every device.
+    every = torch.arange(256, dtype=torch.uint8).view(1, 1, 16, 16)
+    assert torch.equal(normalise(every), (every.float() - 127.5) * torch.tensor(1 / 127.5, dtype=torch.float32))
     # Any strides in (a channels-last batch, a decoder's HWC view), contiguous NCHW out: the backbone's
     # memory format is the trainer's choice (channels_last), never an accident of the decoder.
     channels_last = torch.arange(2 * 4 * 5 * 3, dtype=torch.uint8).view(2, 4, 5, 3).permute(0, 3, 1, 2)
     out = normalise(channels_last)
-    assert out.is_contiguous() and torch.equal(out, (channels_last.float() - 127.5) / 127.5)
+    assert out.is_contiguous() and torch.equal(out, (channels_last.float() - 127.5) * (1 / 127.5))
     with pytest.raises(ValueError, match="normalise expects uint8 images"):
         normalise(out)  # already normalised: refused, not shifted twice
     assert NORMALISATION == WRITTEN_BY_THE_TRAINER  # what model.json promises is what the tools feed

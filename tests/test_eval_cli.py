@@ -55,7 +55,7 @@ def trained(tmp_path_factory):
     opt = torch.optim.SGD([*net.parameters(), *head.parameters()], lr=0.1, momentum=0.9)
     for _ in range(25):
         y = torch.randint(0, 2, (16,), generator=g)
-        loss = nn.functional.cross_entropy(head(net((_faces(y, g).float() - 127.5) / 127.5)), y)
+        loss = nn.functional.cross_entropy(head(net((_faces(y, g).float() - 127.5) * (1 / 127.5))), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -374,7 +374,7 @@ def test_inference_with_model_json_gives_the_network_s_embedding(trained, carded
                            "--device", "cpu", "--output", str(tmp_path / "emb.npy")]) == 0
     net = load_weights(get_model("tiny", num_features=16, **TINY), trained / "model.pt").eval()
     with torch.no_grad():
-        expected = net((face[None].float() - 127.5) / 127.5)[0].numpy()
+        expected = net((face[None].float() - 127.5) * (1 / 127.5))[0].numpy()
     np.testing.assert_array_equal(np.load(tmp_path / "emb.npy"), expected)
     assert "embedding of size 16" in capsys.readouterr().out
 

@@ -290,7 +290,10 @@ def test_init_rows_independent_of_partition():
     full = init_rows(4, 0, 3000, 5)
     assert abs(float(full.std()) - 0.01) < 1e-3
     assert torch.equal(init_rows(4, 1017, 1500, 5), full[1017:2517])
+    assert torch.equal(init_rows(4, 1024, 1024, 5), full[1024:2048])  # a whole block, drawn in place
     assert not torch.equal(init_rows(5, 0, 10, 5), full[:10])
+    head = PartialFC(ArcFace(), 5, 3000, seed=4, device="cpu")  # the device the trainer passes
+    assert torch.equal(head.weight.detach(), full)
 
 
 def test_single_process_errors_and_bad_arguments():
@@ -877,3 +880,45 @@ def test_compiled_head_equals_eager(rate):
         torch.testing.assert_close(loss_c, loss_e, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(ge_c, ge_e, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(gw_c, gw_e, rtol=1e-5, atol=1e-5)
+
+
+EMPTY_SHARD_MARGINS = {"arcface": lambda: dict(margin_loss=ArcFace(s=16.0, margin=0.5)),
+                       "adaface": lambda: dict(margin_loss=AdaFace(s=16.0, gradient="exact")),
+                       "sub_centers": lambda: dict(margin_loss=ArcFace(s=16.0, margin=0.5), sub_centers=2)}
+
+
+def _empty_shard_step(rank: int, world: int) -> dict:
+    """9 classes, sample rate 0.1, every label in rank 0's shard: on 3 ranks, ranks 1 and 2 sample no class
+    (int(0.1 · 3) = 0 and no positive). One step of each head: loss, embedding and weight gradients."""
+    g = torch.Generator().manual_seed(9)
+    emb, labels = torch.randn(6, D, generator=g), torch.tensor([0, 1, 2, 0, 1, 1])
+    per_rank = len(labels) // world
+    out = {}
+    for name, make in EMPTY_SHARD_MARGINS.items():
+        head = PartialFC(embedding_size=D, num_classes=9, sample_rate=0.1, seed=4, **make())
+        e = emb[rank * per_rank:(rank + 1) * per_rank].clone().requires_grad_()
+        loss = head(e, labels[rank * per_rank:(rank + 1) * per_rank])
+        loss.backward()
+        grad = head.weight.grad
+        out[name] = (loss.item(), e.grad.numpy(), (grad.to_dense() if grad.is_sparse else grad).numpy(),
+                     head.class_start, head.num_local)
+    return out
+
+
+def test_a_rank_that_samples_no_class_trains_like_one_process():
+    """A rank whose shard has no positive and whose sample size ``int(R · num_local)`` is 0 uses no class in the
+    step: it adds nothing to the softmax and gets a zero gradient, and the loss and gradients are one process's
+    (fused ArcFace; AdaFace and sub-centres, unfused)."""
+    one = run_on_local_ranks(_empty_shard_step, 1)[0]
+    three = run_on_local_ranks(_empty_shard_step, 3)
+    for name in EMPTY_SHARD_MARGINS:
+        loss, emb_grad, weight_grad, _, _ = one[name]
+        for rank, res in enumerate(three):
+            got_loss, got_emb, got_weight, start, num = res[name]
+            assert abs(got_loss - loss) < 1e-5, (name, rank, got_loss, loss)
+            torch.testing.assert_close(torch.from_numpy(got_emb), 3 * torch.from_numpy(emb_grad[2 * rank:2 * rank + 2]),
+                                       atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(torch.from_numpy(got_weight), torch.from_numpy(weight_grad[start:start + num]),
+                                       atol=1e-6, rtol=1e-5)
+            if rank > 0:
+                assert not got_weight.any(), (name, rank)

@@ -292,7 +292,7 @@ def _stored_flip_reference(images: torch.Tensor, issame: list[bool], net: nn.Mod
     outs = []
     with torch.no_grad():
         for copy in (images, mirrored):
-            feats = [net((copy[s:s + batch_size].float() - 127.5) / 127.5).numpy()
+            feats = [net((copy[s:s + batch_size].float() - 127.5) * (1 / 127.5)).numpy()
                      for s in range(0, copy.shape[0], batch_size)]
             outs.append(np.concatenate(feats).astype(np.float64))  # (2P, D)
     original, flipped = outs

@@ -68,7 +68,7 @@ def build(cfg: Config, rank: int, world_size: int, device: torch.device, logger:
     wrapped = parallelize(backbone, cfg, device, world_size)
 
     head = PartialFC(build_margin(cfg), cfg.embedding_size, cfg.num_classes, cfg.sample_rate, seed=cfg.seed,
-                     sub_centers=cfg.sub_centers, update=cfg.head_update, compile=cfg.compile_head).to(device)
+                     sub_centers=cfg.sub_centers, update=cfg.head_update, compile=cfg.compile_head, device=device)
     opt_backbone, opt_head = build_optimizers(cfg.optimizer, backbone.parameters(), head, cfg.lr, cfg.momentum,
                                               cfg.weight_decay)
     configure_cuda(device, cfg.tf32, cfg.cudnn_benchmark)

@@ -19,8 +19,8 @@ checkpoint as the newest one. Saving a step that exists moves the old copy to ``
 rename; a crash between the two renames leaves it there, and the next run (``recover_replaced``) renames it back. All ranks must see the same ``output`` folder (one machine, or a shared file
 system across nodes).
 
-Everything is stored as tensors, numbers, strings, lists and dicts and read back with
-``torch.load(weights_only=True)``: loading a checkpoint never runs code from it.
+Everything is stored as CPU tensors, numbers, strings, lists and dicts and read back with
+``torch.load(weights_only=True)``: loading a checkpoint never runs code from it, and needs no GPU.
 """
 from __future__ import annotations
 
@@ -110,6 +110,21 @@ def make_common(*, state: TrainState, lr: float, backbone: Mapping[str, torch.Te
     }
 
 
+def on_cpu(obj: Any) -> Any:
+    """``obj`` with every tensor in it (at any depth of dicts, lists and tuples) detached and on the CPU: a
+    checkpoint written on a GPU opens on a machine without one (inspection, conversion, the export tools); the
+    loaders put each tensor back on the run's device."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, Mapping):
+        return {k: on_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a named tuple
+        return type(obj)(*(on_cpu(v) for v in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(on_cpu(v) for v in obj)
+    return obj
+
+
 def rng_state() -> dict[str, torch.Tensor]:
     """This process's torch RNG states (CPU, and the current CUDA device's when CUDA is in use)."""
     state = {"cpu": torch.get_rng_state()}
@@ -162,7 +177,7 @@ def save_checkpoint(output: str | os.PathLike, step: int, *, rank: int, world_si
     error: OSError | None = None
     try:
         for name, payload in files.items():
-            atomic_write(tmp / name, lambda f, payload=payload: torch.save(payload, f))
+            atomic_write(tmp / name, lambda f, payload=payload: torch.save(on_cpu(payload), f))
     except OSError as exc:  # a full disk, a quota, a permission: every rank learns of it below
         error = exc
     barrier()  # every rank's files are durable in .tmp, or failed
