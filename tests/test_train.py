@@ -244,7 +244,9 @@ def test_compile_head_key_trains_like_the_eager_head(tmp_path):
     (eager, eager_model), (compiled, compiled_model) = runs["eager"], runs["compiled"]
     assert sorted(eager) == sorted(compiled) == [1, 2, 3, 4]
     assert all(abs(float(eager[k]) - float(compiled[k])) <= 1e-4 * abs(float(eager[k])) for k in eager), (eager, compiled)
-    assert max_difference(eager_model, compiled_model) < 1e-4
+    # The heads agree to ~1e-7 (test_partial_fc.py); four SGD steps at lr 0.1 through the backbone's BatchNorms carry
+    # that rounding to ~1e-4 in the weights (measured 0.9e-4 and 1.4e-4); one step moves them by up to ~0.15.
+    assert max_difference(eager_model, compiled_model) < 1e-3
 
 
 def _ddp_warnings(rank: int, world_size: int) -> list[str]:
