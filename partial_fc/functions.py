@@ -223,8 +223,9 @@ class MarginSoftmax(torch.autograd.Function):
     ``sharded_log_sum_exp`` combines the ranks' sums). The exponentials are kept for the backward, which scales
     them in place into ``g = ∂L/∂cos`` (``s·softmax`` off target, ``slope·(softmax − 1)`` on it, over the batch)
     and reduces ``g⊙cos`` (``softmax_gradient``). A step holds two ``(B, C)`` tensors, the cosines and the
-    exponentials (later ``g``, then ``G``), against the unfused chain's logits, their gradient and its
-    temporaries; the head's backward, the first of the step's backward, allocates none.
+    exponentials (later ``g``, then ``G`` over the cosines), against the unfused chain's logits, their gradient
+    and its temporaries; in fp32 the head's backward allocates no ``(B, C)`` tensor, and it releases the
+    exponentials before the weight's gradient is allocated.
     """
 
     @staticmethod
