@@ -151,20 +151,24 @@ def gathered_head_after_resume(rank: int, world_size: int, config: str, sets: tu
 
 
 def tiny_job(rank: int, world_size: int, cfg_overrides: list[str], model: nn.Module, head, *, lr: float = 0.1,
-             fp16_scaler: bool = False, init_scale: float = 2.0 ** 16, autocast_dtype: torch.dtype | None = None):
+             fp16_scaler: bool = False, init_scale: float = 2.0 ** 16, autocast_dtype: torch.dtype | None = None,
+             device: torch.device | str = "cpu"):
     """A trainer ``Job`` around ``model`` and ``head`` (SGD with momentum on both, as the trainer builds them)
-    without data: for driving ``train.optimizer_step`` in process."""
+    without data: for driving ``train.optimizer_step`` in process. ``model`` and ``head`` must be on ``device``
+    already; with ``world_size > 1`` the model is wrapped in DDP there, its gradients all-reduced in fp16 when
+    ``cfg_overrides`` set ``fp16=true`` (``trainer.parallelize``)."""
     from partial_fc import build_optimizers
     from trainer.build import Job
+    from trainer.parallelize import parallelize
     from utils.config import derive, load_config
-    from utils.distributed import wrap_ddp
     from utils.precision import LossScaler
 
     cfg = load_config(CONFIG, cfg_overrides)
-    wrapped = wrap_ddp(model, torch.device("cpu")) if world_size > 1 else model
+    device = torch.device(device)
+    wrapped = parallelize(model, cfg, device, world_size)
     opt_backbone, opt_head = build_optimizers("sgd", model.parameters(), head, lr, 0.9, 5e-4)
     return Job(cfg=cfg, derived=derive(cfg, world_size), rank=rank, world_size=world_size,
-               device=torch.device("cpu"), backbone=model, wrapped_backbone=wrapped, head=head,
+               device=device, backbone=model, wrapped_backbone=wrapped, head=head,
                opt_backbone=opt_backbone, opt_head=opt_head,
                scaler=LossScaler(enabled=fp16_scaler, init_scale=init_scale), autocast_dtype=autocast_dtype,
                loader=None, logger=logging.getLogger("test"))

@@ -23,23 +23,31 @@ pytestmark = pytest.mark.timeout(120)
 NUM_CLASSES, D = 12, 8
 
 
-def _job(rank: int, world_size: int, *, fp16_scaler: bool = False, bf16: bool = False, overrides: tuple = ()):
+def _on(device: str) -> torch.device:
+    """"cpu", or "cuda": the first GPU, which every local rank shares (gloo; tests/test_cuda.py)."""
+    return torch.device("cuda", 0) if device == "cuda" else torch.device(device)
+
+
+def _job(rank: int, world_size: int, *, fp16_scaler: bool = False, bf16: bool = False, overrides: tuple = (),
+         device: str = "cpu"):
     """A trainer Job around a tiny backbone with batch norm and a sampled head (SGD with momentum)."""
     from losses import CosFace
     from partial_fc import PartialFC
 
+    device = _on(device)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 4 * 4, 16), nn.BatchNorm1d(16), nn.PReLU(16), nn.Linear(16, D))
-    head = PartialFC(CosFace(s=8.0, m=0.2), D, NUM_CLASSES, 0.5, seed=1)
+    head = PartialFC(CosFace(s=8.0, m=0.2), D, NUM_CLASSES, 0.5, seed=1, device=device)
     return tiny_job(rank, world_size, ["num_classes=12", "sample_rate=0.5", "max_steps=10", "max_nonfinite_steps=5",
                                              *overrides],
-                    model, head, fp16_scaler=fp16_scaler, init_scale=1024.0,
-                    autocast_dtype=torch.bfloat16 if bf16 else None)
+                    model.to(device), head, fp16_scaler=fp16_scaler, init_scale=1024.0,
+                    autocast_dtype=torch.bfloat16 if bf16 else None, device=device)
 
 
-def _batch(rank: int, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _batch(rank: int, step: int, device: str = "cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(100 * step + rank)
-    return [(torch.randn(6, 3, 4, 4, generator=g), torch.randint(0, NUM_CLASSES, (6,), generator=g))]
+    images, labels = torch.randn(6, 3, 4, 4, generator=g), torch.randint(0, NUM_CLASSES, (6,), generator=g)
+    return [(images.to(_on(device)), labels.to(_on(device)))]
 
 
 def _snapshot(job) -> dict[str, torch.Tensor]:
@@ -68,29 +76,30 @@ def _poison_head(job, value: float):
     return job.head.weight.register_hook(hook)
 
 
-def _decisions(rank: int, world_size: int, where: str, value: float, fp16_scaler: bool, bf16: bool) -> dict:
+def _decisions(rank: int, world_size: int, where: str, value: float, fp16_scaler: bool, bf16: bool,
+               device: str = "cpu") -> dict:
     import train
 
-    job = _job(rank, world_size, fp16_scaler=fp16_scaler, bf16=bf16)
+    job = _job(rank, world_size, fp16_scaler=fp16_scaler, bf16=bf16, device=device)
     state = TrainState()
-    assert train.optimizer_step(job, state, _batch(rank, 0)) is not None  # momentum exists from here on
+    assert train.optimizer_step(job, state, _batch(rank, 0, device)) is not None  # momentum exists from here on
     state.step += 1
     before, scale = _snapshot(job), job.scaler.scale
     handle = None
     # The poison sits on the last rank only: the others' own values are finite.
     if rank == world_size - 1:
         handle = (_poison_backbone if where == "backbone" else _poison_head)(job, value)
-    loss = train.optimizer_step(job, state, _batch(rank, 1))
+    loss = train.optimizer_step(job, state, _batch(rank, 1, device))
     after = _snapshot(job)
     if handle is not None:
         handle.remove()
     changed = sorted(k for k in before if not torch.equal(before[k], after[k]))
-    skipped = dict(loss=loss, changed=changed, scale=(scale, job.scaler.scale), in_row=state.nonfinite_in_row,
+    skipped = dict(loss=None if loss is None else float(loss), changed=changed, scale=(scale, job.scaler.scale), in_row=state.nonfinite_in_row,
                    skipped=state.skipped_steps)
     state.step += 1
-    good = train.optimizer_step(job, state, _batch(rank, 2))
+    good = train.optimizer_step(job, state, _batch(rank, 2, device))
     moved = sorted(k for k, v in _snapshot(job).items() if not torch.equal(v, after[k]))
-    return dict(skipped=skipped, good_loss=good, moved=moved, in_row_after=state.nonfinite_in_row,
+    return dict(skipped=skipped, good_loss=None if good is None else float(good), moved=moved, in_row_after=state.nonfinite_in_row,
                 scale_after=job.scaler.scale)
 
 
@@ -102,13 +111,14 @@ CASES = [
 ]
 
 
-def _all_cases(rank: int, world_size: int) -> list[dict]:
-    return [_decisions(rank, world_size, *case) for case in CASES]  # one process start for every case
+def _all_cases(rank: int, world_size: int, device: str = "cpu") -> list[dict]:
+    return [_decisions(rank, world_size, *case, device=device) for case in CASES]  # one process start for every case
 
 
-@pytest.mark.parametrize("world_size", [1, 2])
-def test_a_non_finite_gradient_skips_both_optimizers_on_every_rank(world_size):
-    for rank, per_case in enumerate(run_on_local_ranks(_all_cases, world_size)):
+def check_skip_decisions(results: list[list[dict]]) -> None:
+    """What ``_all_cases`` returned on every rank: each poisoned step skipped by both optimizers on every rank,
+    nothing changed, the fp16 scale backed off once, and the next finite step moved both."""
+    for rank, per_case in enumerate(results):
         for (where, value, fp16_scaler, _), r in zip(CASES, per_case):
             case = f"rank {rank}, {value} in the {where}{' (fp16 scaler)' if fp16_scaler else ''}"
             s = r["skipped"]
@@ -121,6 +131,11 @@ def test_a_non_finite_gradient_skips_both_optimizers_on_every_rank(world_size):
             assert any(k.startswith("head.") for k in r["moved"]) and any(k.startswith("model.") for k in r["moved"])
             assert any(k.startswith("opt_head.") for k in r["moved"]), (case, r["moved"])
             assert r["scale_after"] == after, case  # growth only after growth_interval good steps
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_a_non_finite_gradient_skips_both_optimizers_on_every_rank(world_size):
+    check_skip_decisions(run_on_local_ranks(_all_cases, world_size))
 
 
 def test_loss_scaler_backs_off_grows_and_round_trips_with_gradscaler():
@@ -421,16 +436,16 @@ def test_checkpoints_at_each_epoch_end_and_the_last_step_or_only_the_weights(tmp
     assert (tmp_path / "model.pt").is_file() and json.loads((tmp_path / "model.json").read_text())["step"] == 7
 
 
-def _wire_precision(rank: int, world_size: int, fp16: bool) -> bool:
+def _wire_precision(rank: int, world_size: int, fp16: bool, device: str = "cpu") -> bool:
     """trainer.build.build on 2 ranks, one backward through the DDP backbone: are all-reduced gradients fp16 values?"""
     from tests.helpers import CONFIG
     from trainer.build import build
     from utils.config import load_config
 
-    cfg = load_config(CONFIG, [f"fp16={fp16}"])
-    job = build(cfg, rank, world_size, torch.device("cpu"), logging.getLogger("test"))
+    cfg = load_config(CONFIG, [f"fp16={fp16}", f"device={device}"])
+    job = build(cfg, rank, world_size, _on(device), logging.getLogger("test"))
     g = torch.Generator().manual_seed(rank)
-    job.wrapped_backbone(torch.randn(4, 3, 112, 112, generator=g)).square().sum().backward()
+    job.wrapped_backbone(torch.randn(4, 3, 112, 112, generator=g).to(_on(device))).square().sum().backward()
     grads = [p.grad for p in job.backbone.parameters() if p.grad is not None]
     assert grads and not any(bool(torch.isinf(x.half()).any()) for x in grads)
     return all(torch.equal(x, x.half().float()) for x in grads)
@@ -447,3 +462,57 @@ def test_fp16_compresses_the_backbones_gradient_all_reduce():
     # README (`fp16 = True`): DDP's gradient all-reduce travels in fp16, as the reference's; fp32 runs do not.
     assert run_on_local_ranks(_wire_precision, 2, True) == [True, True]
     assert run_on_local_ranks(_wire_precision, 2, False) == [False, False]
+
+
+SIZES = (5, 4, 5)  # per-rank batch sizes of the global batch: rank 1's differs
+
+
+def ranks_train_like_one_process(rank: int, world_size: int, batch_ranks: int, device: str = "cpu") -> dict:
+    """Three ``train.optimizer_step`` calls (DDP backbone without batch norm, a sampled head over 11 classes, SGD
+    with momentum) on a global batch of ``sum(SIZES[:batch_ranks])`` samples: this rank's slice of it, or the
+    whole batch in one process. Returns the losses, the backbone and this rank's shard of class centres, on the
+    CPU."""
+    import train
+    from losses import ArcFace
+    from partial_fc import PartialFC
+
+    assert world_size in (1, batch_ranks)
+    device = _on(device)
+    classes, sizes = 11, SIZES[:batch_ranks]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 4 * 4, 16), nn.PReLU(16), nn.Linear(16, D)).to(device)
+    head = PartialFC(ArcFace(s=16.0, margin=0.3), D, classes, 0.5, seed=1, device=device)
+    job = tiny_job(rank, world_size, [f"num_classes={classes}", "sample_rate=0.5", "max_steps=3", "warmup_epoch=0"],
+                   model, head, device=device)
+    state, losses = TrainState(), []
+    mine = slice(sum(sizes[:rank]), sum(sizes[:rank + 1])) if world_size > 1 else slice(None)
+    for step in range(3):
+        g = torch.Generator().manual_seed(step)
+        images = torch.randn(sum(sizes), 3, 4, 4, generator=g)  # (N, 3, 4, 4): the global batch
+        labels = torch.randint(0, classes, (sum(sizes),), generator=g)  # (N,)
+        loss = train.optimizer_step(job, state, [(images[mine].to(device), labels[mine].to(device))])
+        losses.append(float(loss))
+        state.step += 1
+    return dict(losses=losses, backbone=[p.detach().cpu() for p in model.parameters()],
+                shard=(head.class_start, head.weight.detach().cpu()))
+
+
+def check_ranks_train_like_one_process(one: dict, ranks: list[dict]) -> None:
+    """Every rank's losses and backbone, and the shards put together in rank order, equal one process's to fp32
+    rounding."""
+    for r, got in enumerate(ranks):
+        assert got["losses"] == pytest.approx(one["losses"], rel=1e-5, abs=1e-6), (r, got["losses"], one["losses"])
+        for a, b in zip(got["backbone"], one["backbone"]):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    starts = [got["shard"][0] for got in ranks]
+    assert one["shard"][0] == 0 and starts == sorted(starts) and len(set(starts)) == len(ranks), starts
+    torch.testing.assert_close(torch.cat([got["shard"][1] for got in ranks]), one["shard"][1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ranks_train_like_one_process(world_size):
+    """DDP's averaged backbone gradient, the head's gathered embeddings and reduce-scattered gradient (started
+    early), the sampled classes and the skip decision's all-reduce, together: N ranks = one process, 11 classes
+    over 2 and 3 shards, per-rank batches of different sizes."""
+    one = run_on_local_ranks(ranks_train_like_one_process, 1, world_size)[0]
+    check_ranks_train_like_one_process(one, run_on_local_ranks(ranks_train_like_one_process, world_size, world_size))
