@@ -110,8 +110,8 @@ def _fake_gpu(monkeypatch, tmp_path, seconds: dict[str, float], fail: set[str] =
         elif kind == "head":
             from bench.plan import predict
 
-            peak = predict(10_000_000, 1, 0.1, 512, 512).peak_bytes * 1.03
-            out.write_text(json.dumps({"config": {"num_classes": 10_000_000, "embedding_size": 512, "sample_rate": 0.1,
+            peak = predict(5_000_000, 1, 0.1, 512, 512).peak_bytes * 1.03
+            out.write_text(json.dumps({"config": {"num_classes": 5_000_000, "embedding_size": 512, "sample_rate": 0.1,
                                                   "batch_size": 512}, "step_s": 0.012, "floor_s": 0.010, "ratio": 1.2,
                                        "peak_mem_bytes": peak, "peak_over_shard": 2.3,
                                        "compiled": {"step_s": 0.011, "ratio": 1.1, "peak_mem_bytes": peak,
