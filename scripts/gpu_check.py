@@ -16,8 +16,9 @@ easydict -d DIR``, then copy DIR over. The checks, most important first, within 
 2. Two ``TRAIN_STEPS``-step training runs of r50 on synthetic data (fp16 and bf16): the loss falls and no
    step is skipped (fp16: skips while the loss scale settles are allowed and reported).
 3. ``bench/head.py``: 5M classes, D = 512, sample rate 0.1, batch 512, one rank, eager and with
-   ``compile_head`` (both heads live in one process: 2 x 41 GB at 10M classes would not fit an 80 GB GPU): step / floor (target <= ``TARGET_HEAD_RATIO``), and the eager peak memory against
-   ``bench/plan.py``'s figure (within ``PLAN_TOLERANCE``).
+   ``compile_head`` (both heads live in one process: at 10M classes, 2 x 41 GB would not fit an 80 GB GPU):
+   step / floor (target <= ``TARGET_HEAD_RATIO``), and the eager peak memory against ``bench/plan.py``'s figure
+   (within ``PLAN_TOLERANCE``).
 4. Two ranks with NCCL, 20 steps of ``train.py`` in fp16 and bf16, on a machine with 2 GPUs or more (SKIP
    on one).
 5. ``bench/backbone.py`` r50, bf16, channels-last, eager and compiled: training images/s and MFU against
