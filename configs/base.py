@@ -134,8 +134,8 @@ config.warmup_epoch = 0
 # Train for this many optimizer steps instead of num_epoch epochs; 0 = derive from num_epoch; >= 0.
 config.max_steps = 0
 # NVIDIA DALI loader (GPU JPEG decoding; needs the optional nvidia-dali package, e.g. nvidia-dali-cuda120, a CUDA
-# device, num_classes set and a rec without the header record: scripts/shuffle_rec.py). Resumes at the right step
-# but not with the same images.
+# device and num_classes set). Fed by index: the PyTorch loader's batches and flips, and a resumed run starts at its
+# step without decoding the batches before it.
 config.dali = False
 # arcface_torch's extra DALI augmentation (random down-and-up resize, blur, hue/saturation shift, grayscale).
 # Refused: only False is accepted. Our loaders make every image a function of (seed, epoch, sample) so that a

@@ -18,7 +18,7 @@ def build_data(cfg: Config, rank: int, world_size: int, device: torch.device,
         if cfg.num_classes is None:
             raise ValueError("dali = True needs num_classes: the DALI reader does not count classes")
         loader = get_dali_dataloader(cfg.rec, cfg.batch_size, rank=rank, world_size=world_size, seed=cfg.seed,
-                                     device=device)
+                                     device=device, num_classes=cfg.num_classes)
         num_images, num_classes = loader.num_images, cfg.num_classes
     else:
         data = build_dataset(cfg.rec, num_classes=cfg.num_classes, seed=cfg.seed, num_images=cfg.num_image)

@@ -1,10 +1,10 @@
-"""Write a shuffled copy of a RecordIO dataset, without the insightface header/identity records, for DALI.
+"""Write a shuffled copy of a RecordIO dataset, without the insightface header/identity records.
 
     python scripts/shuffle_rec.py data/ms1m-retinaface-t1 data/ms1m-shuffled [--seed 0]
     python scripts/shuffle_rec.py data/ms1m-retinaface-t1      # writes data/shuffled_ms1m-retinaface-t1
 
-DALI's MXNet reader treats every index entry as an image and shuffles only within a buffer, so it
-needs the images alone, and pre-shuffled. Accepts both layouts; payloads (labels included) are copied
+The im2rec layout (every index entry an image), in a random order: what tools that read a rec
+sequentially, or shuffle only within a buffer (e.g. MXNet's and DALI's own readers), need. Accepts both layouts; payloads (labels included) are copied
 unchanged; keys become 0..N-1 in the new order; ``property`` is copied when present.
 """
 from __future__ import annotations

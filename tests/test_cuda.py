@@ -5,7 +5,7 @@ property the CPU proxies (tests/test_op_counts.py, tests/test_step.py) can only 
 equals the CPU head (fp32 to 1e-5, bf16 within 2e-2, fp16 within 1e-2), a head step synchronises with the host
 exactly as often as counted on the CPU, two gloo ranks with CUDA tensors train like one process, a 1-rank NCCL
 group trains through train.py, fp16 (loss scaler) and bf16 steps run and skip together, checkpoints hold CPU
-tensors, the CUDA prefetch loader gives the CPU loader's batches, and DALI reads a rec when installed.
+tensors, and the CUDA prefetch loader gives the CPU loader's batches (DALI's: tests/test_dali.py).
 """
 from __future__ import annotations
 
@@ -174,24 +174,6 @@ def test_cuda_prefetch_loader_gives_the_cpu_batches():
     assert len(out["cpu"]) == len(out["cuda"]) == 6
     for (xc, yc), (xg, yg) in zip(out["cpu"], out["cuda"]):
         assert torch.equal(yc, yg) and torch.equal(xc, xg)
-
-
-def test_dali_reads_a_rec_when_installed(tmp_path):
-    pytest.importorskip("nvidia.dali", reason="nvidia-dali is not installed (optional: pip install nvidia-dali-cuda120)")
-    from dataset import get_dali_dataloader
-    from dataset.recordio import IRHeader, IndexedRecordIO, pack
-    from torchvision.io import encode_jpeg
-
-    with IndexedRecordIO(tmp_path / "train.idx", tmp_path / "train.rec", "w") as rec:
-        for i in range(32):
-            image = torch.full((3, 112, 112), 8 * i, dtype=torch.uint8)
-            rec.write_idx(i, pack(IRHeader(0, float(i % 4), i, 0), encode_jpeg(image).numpy().tobytes()))
-    loader = get_dali_dataloader(tmp_path, 8, rank=0, world_size=1, seed=0, device=torch.device("cuda", 0))
-    loader.set_epoch(0)
-    batches = list(loader)
-    assert len(batches) == 4
-    images, labels = batches[0]
-    assert images.shape == (8, 3, 112, 112) and images.is_cuda and int(labels.max()) < 4
 
 
 def test_compiled_backbone_trains_on_cuda(tmp_path):

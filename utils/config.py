@@ -48,8 +48,8 @@ SECRET_KEYS = frozenset({"wandb_key"})  # shown as "<hidden>" in logs and never 
 
 # Keys that do not change what the model learns: operational settings (where and how often to write, log,
 # evaluate; how many loader workers; how long to wait for peers) and settings that change speed or numerics
-# only at rounding level (device, channels_last, compile, compile_head, tf32), and the loader (dali: DALI shuffles and flips
-# with its own random streams, so a run that switches it keeps training on the same data in another order).
+# only at rounding level (device, channels_last, compile, compile_head, tf32, dali: DALI decodes the PyTorch loader's
+# batches with its own JPEG decoder).
 # Every other key enters the fingerprint, so a checkpoint is resumed automatically only by a run that would
 # have produced the same training trajectory with the same loader.
 FINGERPRINT_EXCLUDED = frozenset({
