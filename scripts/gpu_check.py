@@ -269,13 +269,16 @@ def main(argv: list[str] | None = None) -> int:
         "--compile", "--json", str(head_json)])
     if result is not None:
         code, log, secs = result
-        if code == 0:
-            from bench.plan import predict
-
+        plan_json = out / "plan.json"
+        plan_code, plan_log, _ = run_command([
+            sys.executable, "bench/plan.py", "--num-classes", str(head_cfg["num_classes"]), "--gpus", "1",
+            "--sample-rate", str(head_cfg["sample_rate"]), "--embedding-size", str(head_cfg["embedding_size"]),
+            "--batch-size", str(head_cfg["batch_size"]), "--json", str(plan_json)], 60, env)
+        if code == 0 and plan_code != 0:
+            check("head 5M classes: bench/plan.py", "FAIL", f"exit {plan_code}", plan_log)
+        elif code == 0:
             head = report["head"] = json.loads(head_json.read_text())
-            planned = predict(head_cfg["num_classes"], 1, head_cfg["sample_rate"], head_cfg["embedding_size"],
-                              head_cfg["batch_size"]).peak_bytes
-            head["planned_peak_bytes"] = planned
+            planned = head["planned_peak_bytes"] = json.loads(plan_json.read_text())["plan"]["peak_bytes"]
             ratio, off = head["ratio"], head["peak_mem_bytes"] / planned - 1
             check(f"head step/floor (target <= {TARGET_HEAD_RATIO})", verdict(ratio <= TARGET_HEAD_RATIO),
                   f"{ratio:.2f} eager, {head['compiled']['ratio']:.2f} with compile_head", log)
