@@ -9,9 +9,12 @@ PY := $(VENV)/bin/python
 # pip byte-compiles the ~11,000 installed modules on one core (~30 s here); compileall does it on every
 # core, and leaves out what nothing here imports: the installed packages' own tests (~2,000 modules) and
 # pip/setuptools (24 s -> 15 s). Like pip, it skips the few files written for newer Pythons (hence `|| true`).
-$(VENV)/.installed: requirements.txt
+# requirements-faces.txt (the face detector for scripts/prepare_faces.py) installs without its dependencies: its
+# metadata pins old torch, numpy and Pillow, and what it really imports is in requirements.txt.
+$(VENV)/.installed: requirements.txt requirements-faces.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --no-compile -r requirements.txt
+	$(PY) -m pip install -q --no-compile --no-deps -r requirements-faces.txt
 	$(PY) -m compileall -q -j 0 -x '/tests?/|/site-packages/(pip|setuptools)/' $(VENV)/lib >/dev/null 2>&1 || true
 	touch $@
 
