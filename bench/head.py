@@ -2,12 +2,15 @@
 
     python bench/head.py --num-classes 1000000 --sample-rate 0.1 --world-size 2 --batch-size 128 \
         --embedding-size 512 --threads 1 [--optimizer sgd|adamw] [--update sampled|all] [--compile] \
-        [--no-huge-pages] [--device cpu|cuda] [--json PATH]
+        [--dtype fp32|bf16|fp16] [--no-huge-pages] [--device cpu|cuda] [--json PATH]
 
 Spawns ``--world-size`` ranks (gloo on CPU, NCCL on CUDA). Each rank builds the head exactly as
 ``train.py`` does (``PartialFC`` + ``build_head_optimizer``) and times one step: forward, backward,
-optimizer update, ``zero_grad(set_to_none=True)``. In the same run it times the FLOOR, the step's three
-matrix products on the sampled rows with the same shapes, dtype and threads, into preallocated outputs:
+optimizer update, ``zero_grad(set_to_none=True)``. With ``--dtype bf16|fp16`` the forward runs under the
+trainer's autocast of that dtype on the ranks' device (``utils.precision.autocast``) and the backward outside it,
+as in ``train.py`` (without a loss scale, which multiplies a scalar and allocates nothing of the head's). In the
+same run it times the FLOOR, the step's three matrix products on the sampled rows with the same shapes, dtype
+(fp32, or bf16/fp16 operands and outputs) and threads, into preallocated outputs:
 ``logits = E_global @ W_sᵀ``, ``∂E = G @ W_s``, ``∂W = Gᵀ @ E_global``. With ``--compile`` a second head, the
 same with ``compile = True`` (config ``compile_head``), is timed beside the eager one: each repeat runs the eager
 step, the compiled step and the floor, so that load from other processes hits all three alike, and every rank
@@ -49,6 +52,7 @@ import torch  # noqa: E402
 from bench.common import Timing, current_rss_bytes, markdown_table, peak_rss_bytes, time_call, write_json  # noqa: E402
 from bench.local_ranks import run_on_local_ranks  # noqa: E402
 from utils.distributed import barrier  # noqa: E402
+from utils.precision import AUTOCAST_DTYPES, autocast  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,7 @@ class HeadConfig:
     embedding_size: int = 512
     optimizer: str = "sgd"
     update: str = "sampled"  # the head's update mode (PartialFC `update`, config `head_update`)
+    dtype: str = "fp32"  # the step's autocast dtype: fp32 (none), bf16 or fp16 (utils.precision.AUTOCAST_DTYPES)
     device: str = "cpu"
     threads: int = 1
     repeats: int = 5
@@ -69,6 +74,10 @@ class HeadConfig:
     compile: bool = False  # also time the head with compile = True
     huge_pages: bool = True  # THP_MEM_ALLOC_ENABLE=1 for the ranks
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.dtype not in AUTOCAST_DTYPES:
+            raise ValueError(f"HeadConfig: dtype={self.dtype!r}; expected one of {tuple(AUTOCAST_DTYPES)}")
 
 
 class PeakMemory:
@@ -136,6 +145,7 @@ def head_rank(rank: int, world_size: int, cfg: HeadConfig) -> dict[str, Any]:
 
     torch.set_num_threads(cfg.threads)
     device = torch.device(cfg.device, rank) if cfg.device == "cuda" else torch.device(cfg.device)
+    amp = AUTOCAST_DTYPES[cfg.dtype]  # None: fp32
     if device.type == "cuda":
         torch.cuda.set_device(device)
     torch.manual_seed(cfg.seed)  # the same per-step sampling seed on every rank, as in training
@@ -151,20 +161,24 @@ def head_rank(rank: int, world_size: int, cfg: HeadConfig) -> dict[str, Any]:
     # for its backbone; the figure below is the head's own memory.
     tiny = PartialFC(ArcFace(), D, 4 * world_size, cfg.sample_rate, seed=cfg.seed, update=cfg.update, device=device)
     tiny_opt = build_head_optimizer(tiny, cfg.optimizer, lr=0.1, momentum=0.9, weight_decay=5e-4)
-    tiny(embeddings, label_sets[0] % (4 * world_size)).backward()
+    with autocast(device, amp):
+        tiny_loss = tiny(embeddings, label_sets[0] % (4 * world_size))
+    tiny_loss.backward()
     tiny_opt.step()
     embeddings.grad = None
-    del tiny, tiny_opt
+    del tiny, tiny_opt, tiny_loss
 
     # The floor's operands are allocated before the peak measurement starts, so they count as baseline.
     _, num_local = class_partition(cfg.num_classes, world_size, rank)
     n = B * world_size
     num_sampled = sample_size(num_local, cfg.sample_rate, min(n, num_local))  # at most: every sample a positive
     if cfg.floor:
-        e = torch.randn(n, D, generator=gen).to(device)  # (B_global, D)
-        w = torch.randn(num_sampled, D, generator=gen).to(device)  # (C_s, D)
-        g = torch.randn(n, num_sampled, generator=gen).to(device)  # (B_global, C_s)
-        logits, d_e, d_w = torch.empty(n, num_sampled, device=device), torch.empty_like(e), torch.empty_like(w)
+        dt = amp or torch.float32  # the products' operand and output dtype in the step
+        e = torch.randn(n, D, generator=gen).to(device, dt)  # (B_global, D)
+        w = torch.randn(num_sampled, D, generator=gen).to(device, dt)  # (C_s, D)
+        g = torch.randn(n, num_sampled, generator=gen).to(device, dt)  # (B_global, C_s)
+        logits = torch.empty(n, num_sampled, device=device, dtype=dt)  # (B_global, C_s)
+        d_e, d_w = torch.empty_like(e), torch.empty_like(w)
 
     def floor() -> None:
         torch.mm(e, w.t(), out=logits)  # (B_global, C_s)
@@ -183,7 +197,9 @@ def head_rank(rank: int, world_size: int, cfg: HeadConfig) -> dict[str, Any]:
             def step() -> None:
                 labels = label_sets[calls[0] % len(label_sets)]
                 calls[0] += 1
-                head(embeddings, labels).backward()
+                with autocast(device, amp):  # the forward only, as the trainer's
+                    loss = head(embeddings, labels)
+                loss.backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)
                 embeddings.grad = None  # the backbone optimizer's zero_grad(set_to_none=True)
@@ -287,10 +303,11 @@ def table(args: argparse.Namespace, result: dict[str, Any]) -> tuple[list[str], 
     with ``--compile`` the compiled head's step/floor, memory and compile seconds in columns beside them."""
     s, f = result["step"], result["floor"]
     mib = 1 << 20
-    header = ["classes", "R", "ranks x threads", "B/rank", "D", "opt/update", "step s (min-max)", "floor s (min-max)",
-              "eager step/floor (pairs min-max)", "rank 0 / own floor", "peak MiB/rank", "shard MiB", "eager peak/shard"]
+    header = ["classes", "R", "ranks x threads", "B/rank", "D", "opt/update", "dtype", "step s (min-max)",
+              "floor s (min-max)", "eager step/floor (pairs min-max)", "rank 0 / own floor", "peak MiB/rank",
+              "shard MiB", "eager peak/shard"]
     row = [args.num_classes, args.sample_rate, f"{args.world_size} x {args.threads}", args.batch_size,
-           args.embedding_size, f"{args.optimizer}/{args.update}",
+           args.embedding_size, f"{args.optimizer}/{args.update}", args.dtype,
            f"{s['median_s']:.4f} ({s['min_s']:.4f}-{s['max_s']:.4f})",
            f"{f['median_s']:.4f} ({f['min_s']:.4f}-{f['max_s']:.4f})",
            _ratio_cell(result), f"{result['rank0_ratio']:.2f}", f"{result['peak_mem_bytes'] / mib:.0f}",
@@ -314,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
     parser.add_argument("--update", choices=("sampled", "all"), default="sampled",
                         help="head update: only the sampled rows (default) or every row (arcface_torch's)")
+    parser.add_argument("--dtype", choices=tuple(AUTOCAST_DTYPES), default="fp32",
+                        help="autocast dtype of the step's forward (the trainer's fp16/bf16 keys); fp32: none")
     parser.add_argument("--compile", action="store_true",
                         help="also time the head with compile = True (config compile_head), side by side")
     parser.add_argument("--no-huge-pages", dest="huge_pages", action="store_false",
@@ -326,9 +345,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"need --world-size, --batch-size, --repeats >= 1 and --warmup >= 0; got "
                      f"{args.world_size}, {args.batch_size}, {args.repeats}, {args.warmup}")
     cfg = HeadConfig(num_classes=args.num_classes, sample_rate=args.sample_rate, batch_size=args.batch_size,
-                     embedding_size=args.embedding_size, optimizer=args.optimizer, update=args.update, device=args.device,
-                     threads=args.threads, repeats=args.repeats, warmup=args.warmup, compile=args.compile,
-                     huge_pages=args.huge_pages)
+                     embedding_size=args.embedding_size, optimizer=args.optimizer, update=args.update, dtype=args.dtype,
+                     device=args.device, threads=args.threads, repeats=args.repeats, warmup=args.warmup,
+                     compile=args.compile, huge_pages=args.huge_pages)
     result = summarise(cfg, args.world_size, run(cfg, args.world_size))
     print(markdown_table(*table(args, result)))
     write_json(args.json, result)

@@ -222,10 +222,13 @@ class MarginSoftmax(torch.autograd.Function):
     cosines are reduced to each row's maximum and its exponentials (``softmax_statistics``;
     ``sharded_log_sum_exp`` combines the ranks' sums). The exponentials are kept for the backward, which scales
     them in place into ``g = ∂L/∂cos`` (``s·softmax`` off target, ``slope·(softmax − 1)`` on it, over the batch)
-    and reduces ``g⊙cos`` (``softmax_gradient``). A step holds two ``(B, C)`` tensors, the cosines and the
+    and reduces ``g⊙cos`` (``softmax_gradient``). A step holds two ``(B, C)`` fp32 tensors, the cosines and the
     exponentials (later ``g``, then ``G`` over the cosines), against the unfused chain's logits, their gradient
     and its temporaries; in fp32 the head's backward allocates no ``(B, C)`` tensor, and it releases the
-    exponentials before the weight's gradient is allocated.
+    exponentials before the weight's gradient is allocated. Under bf16/fp16 autocast the forward's product is a
+    half ``(B, C)`` tensor before its fp32 copy, and the backward makes the products' half ``(B, C)`` operand (and
+    a half copy of the rows) while both fp32 tensors are alive: 2.5 × B × C × 4 bytes at once, the step's peak of
+    ``(B, C)`` tensors (``bench/plan.py`` lists every allocation).
     """
 
     @staticmethod

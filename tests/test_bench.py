@@ -40,6 +40,38 @@ def test_plan_predicts_measured_peak_within_5_percent():
             f"({plan.phases})")
 
 
+# (classes, sample rate, D, B, optimizer, the phase the plan says dominates): the (N, C) tensors and their half copy
+# (backward), the dense weight gradient beside its half product and the half rows (backward at R = 1, the shard far
+# above the (N, C) tensors), and AdamW's sampled update, which no half copy reaches (optimizer).
+HALF_CASES = [(200_000, 0.1, 16, 512, "sgd", "backward"), (100_000, 1.0, 128, 8, "sgd", "backward"),
+              (200_000, 0.1, 64, 16, "adamw", "optimizer")]
+
+
+def _measure_case(rank: int, world: int, classes: int, rate: float, dim: int, batch: int, opt: str, dtype: str) -> int:
+    """Peak memory (bytes) of one case under autocast of ``dtype``, measured as bench/head.py does."""
+    cfg = HeadConfig(classes, rate, batch, dim, opt, dtype=dtype, repeats=1, warmup=1, floor=False)
+    return head_rank(rank, world, cfg)["peak_mem_bytes"]
+
+
+@pytest.mark.timeout(150)
+def test_plan_predicts_measured_peak_in_half_precision_within_10_percent(monkeypatch):
+    """bench/plan.py's bf16 and fp16 model against the RSS high-water mark of bench/head.py's steps under the
+    trainer's autocast, on one rank, each case in a fresh process. The plan is the CPU's (``device="cpu"``: fp16's
+    unit rows pass through an fp32 temporary there). glibc's mmap threshold is fixed for the ranks: by default it
+    rises to the size of the first large block freed, after which freed blocks up to that size stay resident in
+    the heap, and the resident set then carries one (N, C) half copy or more of memory no tensor holds (up to 18 %
+    above the plan at the first case, a case the plan and the tensors' bytes meet within 0.1 %)."""
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", str(128 * 1024))  # glibc's default, fixed
+    for classes, rate, dim, batch, opt, phase in HALF_CASES:
+        for dtype in ("bf16", "fp16"):
+            peak = run_on_local_ranks(_measure_case, 1, classes, rate, dim, batch, opt, dtype, timeout=60)[0]
+            plan = predict(classes, 1, rate, dim, batch, opt, dtype, device="cpu")
+            case = f"{classes} classes R={rate} D={dim} B={batch} {opt} {dtype}"
+            assert max(plan.phases, key=plan.phases.get) == phase, (case, plan.phases)
+            assert abs(peak - plan.peak_bytes) <= 0.10 * plan.peak_bytes, (
+                f"{case}: measured {peak / 2**20:.1f} MiB, predicted {plan.peak_bytes / 2**20:.1f} MiB ({plan.phases})")
+
+
 def test_plan_components_follow_the_shapes():
     sgd, adamw = predict(1000, 2, 0.1, 8, 4, "sgd"), predict(1000, 2, 0.1, 8, 4, "adamw")
     assert sgd.num_local == 500 and sgd.num_sampled == 50 and sgd.shard_bytes == 500 * 8 * 4
@@ -50,6 +82,24 @@ def test_plan_components_follow_the_shapes():
     assert predict(1000, 2, 1.0, 8, 4).components["sampling_index"] == 0
     with pytest.raises(ValueError, match="optimizer='lamb'"):
         predict(1000, 2, 0.1, 8, 4, "lamb")
+    with pytest.raises(ValueError, match="dtype='fp8'"):
+        predict(1000, 2, 0.1, 8, 4, dtype="fp8")
+
+
+def test_plan_half_precision_adds_the_half_copies():
+    """bf16 and fp16 allocate alike on a GPU: half of an (N, C) block as the backward's left operand beside the two
+    fp32 blocks, the rows' half copy, and a fresh fp32 weight gradient beside the gathered rows; the CPU's fp16 also
+    computes the unit rows in fp32 before the cast."""
+    fp32, bf16, fp16 = (predict(1000, 2, 0.1, 8, 6, dtype=dtype) for dtype in ("fp32", "bf16", "fp16"))
+    assert bf16.as_dict() == fp16.as_dict()
+    block, rows = 12 * 50 * 4, 50 * 8 * 4  # (N, C) fp32; (C, D) fp32
+    assert bf16.components["logits_and_grad"] - fp32.components["logits_and_grad"] == block // 2
+    assert bf16.components["sampled_rows_and_grad"] == 2 * fp32.components["sampled_rows_and_grad"] == 2 * rows
+    assert bf16.phases["forward"] == fp32.phases["forward"] and bf16.phases["optimizer"] == fp32.phases["optimizer"]
+    assert bf16.phases["backward"] - fp32.phases["backward"] == block // 2 + rows // 2
+    cpu = predict(1000, 2, 0.1, 8, 6, dtype="fp16", device="cpu")
+    assert cpu.phases["backward"] - fp16.phases["backward"] == rows
+    assert predict(1000, 2, 0.1, 8, 6, dtype="bf16", device="cpu").as_dict() == bf16.as_dict()
 
 
 def _run_script(args: list[str], out: Path, timeout: float) -> dict:
@@ -63,10 +113,11 @@ def _run_script(args: list[str], out: Path, timeout: float) -> dict:
 @pytest.mark.timeout(90)
 def test_head_bench_end_to_end(tmp_path):
     result = _run_script(["bench/head.py", "--num-classes", "2000", "--sample-rate", "0.5", "--world-size", "2",
-                          "--batch-size", "8", "--embedding-size", "16", "--repeats", "2", "--warmup", "1"],
-                         tmp_path / "head.json", timeout=80)
+                          "--batch-size", "8", "--embedding-size", "16", "--repeats", "2", "--warmup", "1",
+                          "--dtype", "bf16"], tmp_path / "head.json", timeout=80)
     for key in ("step_s", "floor_s", "ratio", "peak_mem_bytes", "shard_bytes", "step", "floor"):
         assert key in result, sorted(result)
+    assert result["config"]["dtype"] == "bf16"
     assert result["ratio"] > 0 and result["shard_bytes"] == 1000 * 16 * 4
     assert result["step"]["min_s"] <= result["step_s"] <= result["step"]["max_s"]
     assert len(result["ranks"]) == 2 and len(result["pair_ratios"]) == 2 and result["rank0_ratio"] > 0
@@ -119,6 +170,9 @@ def test_loader_bench_end_to_end(tmp_path):
 
 def test_plan_cli_json(tmp_path):
     result = _run_script(["bench/plan.py", "--num-classes", "29000000", "--gpus", "8", "--sample-rate", "0.1",
-                          "--embedding-size", "512", "--batch-size", "128"], tmp_path / "plan.json", timeout=60)
+                          "--embedding-size", "512", "--batch-size", "128", "--dtype", "fp16"], tmp_path / "plan.json",
+                         timeout=60)
     plan = result["plan"]
     assert plan["num_local"] == 3_625_000 and plan["peak_bytes"] == max(plan["phases"].values())
+    assert result["config"]["dtype"] == "fp16" and result["config"]["device"] == "cuda"
+    assert plan["peak_bytes"] == predict(29_000_000, 8, 0.1, 512, 128, dtype="fp16").peak_bytes
