@@ -176,3 +176,13 @@ def test_plan_cli_json(tmp_path):
     assert plan["num_local"] == 3_625_000 and plan["peak_bytes"] == max(plan["phases"].values())
     assert result["config"]["dtype"] == "fp16" and result["config"]["device"] == "cuda"
     assert plan["peak_bytes"] == predict(29_000_000, 8, 0.1, 512, 128, dtype="fp16").peak_bytes
+
+
+def test_the_29m_figures_readme_and_docs_state():
+    """README and docs/partial_fc.md: 29M identities on 8 GPUs, D = 512, B = 128, R = 0.1, SGD: the head plans
+    17.3 GiB per GPU in fp32 and 18.3 GiB in bf16 and fp16."""
+    figures = {dtype: round(predict(29_000_000, 8, 0.1, 512, 128, "sgd", dtype).peak_bytes / 2**30, 1)
+               for dtype in ("fp32", "bf16", "fp16")}
+    assert figures == {"fp32": 17.3, "bf16": 18.3, "fp16": 18.3}
+    readme = (ROOT / "README.md").read_text()
+    assert "17.3 GiB per GPU in fp32 and 18.3 GiB in bf16/fp16" in " ".join(readme.split())
