@@ -43,6 +43,9 @@ DEFAULT_EMBEDDING_SIZE = 512
 INPUT_SIZE = (112, 112)  # (H, W) the tools feed: aligned faces, as every backbone here expects
 WEIGHTS_FILE = "model.pt"  # what --weights FOLDER means: the trainer's (and arcface_torch's) weights in that folder
 LISTED = 5  # how many of a folder's files an error message names
+# Where eval.verify --save-threshold puts the calibrated thresholds in model.json, {target: {"cosine", ...}}, and
+# scripts/compare.py reads them.
+THRESHOLDS_KEY = "thresholds"
 WEIGHTS_HELP = f"backbone state_dict (official insightface layout), or a run folder: its {WEIGHTS_FILE}"
 # What the model options of a tool are called in messages about the architecture.
 ARCHITECTURE_FLAGS = "--network, --network-kwargs and --embedding-size"
