@@ -22,6 +22,6 @@ def align_photo(path, detector: FaceDetector, multi: str = "largest"):
     image = read_photo(path)
     faces = choose_faces(detector.detect([image])[0], image.shape[1:], multi=multi)
     if not faces:
-        raise PhotoError(f"{path}: no face found (detector score threshold {detector.min_score}, minimum face size "
-                         f"{detector.min_face_size} px)")
+        raise PhotoError(f"{path}: no face found (detector score threshold {detector.min_score:g}, minimum face size "
+                         f"{detector.min_face_size:g} px)")
     return align_face(image, faces[0].points)

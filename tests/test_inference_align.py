@@ -133,7 +133,7 @@ def test_inference_align_errors_are_one_line(photos, run, capsys):
     from scripts import inference
 
     common = ["--weights", str(run), "--device", "cpu", "--align"]
-    for name, message in (("coffee.jpg", "no face found (detector score threshold 0.9, minimum face size 40.0 px)"),
+    for name, message in (("coffee.jpg", "no face found (detector score threshold 0.9, minimum face size 40 px)"),
                           ("notes.txt", "not an image Pillow can read"), ("missing.jpg", "no such file")):
         assert inference.main([*common, "--img", str(photos / name)]) == 2, name
         assert _one_error_line(capsys, "inference") == f"inference: error: {photos / name}: {message}"
@@ -280,7 +280,7 @@ def test_compare_errors_are_one_line(photos, run, capsys):
     from scripts import compare
 
     common = ["--weights", str(run), "--device", "cpu"]
-    for name, message in (("coffee.jpg", "no face found (detector score threshold 0.9, minimum face size 40.0 px)"),
+    for name, message in (("coffee.jpg", "no face found (detector score threshold 0.9, minimum face size 40 px)"),
                           ("missing.jpg", "no such file"), ("notes.txt", "not an image Pillow can read")):
         assert compare.main([str(photos / "astronaut.png"), str(photos / name), *common]) == 2, name
         assert _one_error_line(capsys, "compare") == f"compare: error: {photos / name}: {message}"
