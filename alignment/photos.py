@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-MAX_PIXELS = 100_000_000  # larger images are refused as decompression bombs (Pillow warns at 89M by default)
+MAX_PIXELS = 100_000_000  # larger images are refused as decompression bombs (Pillow itself refuses beyond 179M)
 
 
 class PhotoError(ValueError):
@@ -30,7 +30,7 @@ def read_photo(path: str | os.PathLike, max_pixels: int = MAX_PIXELS) -> torch.T
     path = Path(path)
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # max_pixels decides, below
             with Image.open(path) as image:
                 width, height = image.size
                 if width * height > max_pixels:

@@ -122,6 +122,22 @@ def test_read_photo_names_the_file_and_the_problem(tmp_path):
         with pytest.raises(PhotoError, match=words) as info:
             read_photo(tmp_path / name, max_pixels=5_000_000)
         assert str(info.value).startswith(str(tmp_path / name)), str(info.value)
+    # The limit is max_pixels, read from the header before any pixel is decoded: 90M pixels (beyond Pillow's
+    # warning at 89.5M) are refused at 80M and pass the check at the default 100M.
+    header = Image.new("1", (10000, 9000))
+    header.save(tmp_path / "huge.png")
+    with pytest.raises(PhotoError, match="90,000,000 pixels|10000x9000 pixels is more than the 80,000,000"):
+        read_photo(tmp_path / "huge.png", max_pixels=80_000_000)
+    from alignment import photos
+
+    loaded = []
+    real = photos._as_rgb
+    photos._as_rgb = lambda image, path: loaded.append(image.size) or np.zeros((1, 1, 3), np.uint8)
+    try:
+        read_photo(tmp_path / "huge.png")
+    finally:
+        photos._as_rgb = real
+    assert loaded == [(10000, 9000)]
 
 
 # ----------------------------------------------------------------------------------------- the real face

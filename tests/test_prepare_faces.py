@@ -1,0 +1,603 @@
+"""scripts/prepare_faces.py: photos -> detected, aligned faces -> train.rec, holdout.bin, report.csv, preview.png.
+
+The photos are made from the one real face at hand, scikit-image's astronaut: five "identities" of her under
+different tints, rotations, scales and mirroring, plus photos without a face (noise, a flat colour), one with a
+second smaller face beside hers, a 16-bit PNG (readable), and bad files (truncated, empty, not an image, a
+decompression bomb, a dangling link, a file nobody may read). The main flow runs as a user types it, in a
+process; the photos go on to train.py and eval.verify. MTCNN takes about 0.2 s a photo on one core, so the sets
+stay small and the main output is made once per module.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torchvision.io import encode_jpeg
+
+from alignment import ARCFACE_TEMPLATE, align_face, read_photo
+from alignment.detect import INSTALL, Face
+from alignment.template import apply_transform
+from dataset import build_dataset
+from dataset.recordio import write_insightface_rec
+from dataset.verification_set import load_bin
+from scripts import prepare_faces
+from tests.helpers import ROOT, subprocess_env, train
+
+pytest.importorskip("facenet_pytorch")
+pytest.importorskip("skimage")
+
+SCRIPT = str(ROOT / "scripts" / "prepare_faces.py")
+# The flags of the main output: detection batches of 3 inside work chunks of 4 photos, so that a run continued
+# after an interruption has chunks done and chunks to do, and batches end at chunk ends.
+FLAGS = ["--holdout", "2", "--chunk-size", "4", "--batch-size", "3"]
+TINTS = {"alice": (1.0, 1.0, 1.0), "bob": (1.15, 0.95, 0.8), "carol": (0.8, 0.95, 1.15), "dave": (0.9, 1.1, 0.9),
+         "eve": (1.1, 0.85, 1.1)}
+ROOT_USER = os.geteuid() == 0  # root reads a file whatever its mode: the chmod 000 photo is left out
+
+
+# ------------------------------------------------------------------------------------------------ photos
+
+def astronaut(angle: float = 0.0, scale: float = 1.0, tint=(1.0, 1.0, 1.0), mirror: bool = False,
+              canvas: tuple[int, int] = (640, 560), at: tuple[int, int] = (40, 20)):
+    """A PIL photo of the astronaut (512x512, one face) tinted, mirrored, scaled, rotated and pasted on a grey
+    canvas (W, H) at ``at``."""
+    from PIL import Image
+    from skimage.data import astronaut as photo
+
+    image = Image.fromarray(photo())
+    if mirror:
+        image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    image = Image.fromarray((np.asarray(image, np.float32) * np.float32(tint)).clip(0, 255).astype(np.uint8))
+    if scale != 1:
+        image = image.resize((round(512 * scale),) * 2, Image.Resampling.BILINEAR)
+    if angle:
+        image = image.rotate(angle, resample=Image.Resampling.BILINEAR, expand=True, fillcolor=(90, 90, 90))
+    background = Image.new("RGB", canvas, (90, 90, 90))
+    background.paste(image, at)
+    return background
+
+
+def _encoded(image, fmt: str, **options) -> bytes:
+    out = io.BytesIO()
+    image.save(out, fmt, **options)
+    return out.getvalue()
+
+
+def _bomb_png(width: int = 20000, height: int = 20000) -> bytes:
+    """A PNG whose header announces ``width x height`` pixels (a decompression bomb), a few bytes on disk."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return len(data).to_bytes(4, "big") + kind + data + zlib.crc32(kind + data).to_bytes(4, "big")
+
+    header = width.to_bytes(4, "big") + height.to_bytes(4, "big") + bytes([8, 2, 0, 0, 0])
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 16))
+            + chunk(b"IEND", b""))
+
+
+# What each photo of make_photos must become: (status, words of the reason).
+EXPECTED = {
+    "alice/0.jpg": ("kept", ""), "alice/1.jpg": ("kept", ""), "alice/2.png": ("kept", ""),
+    "alice/3.jpg": ("no_face", "no face found"), "alice/4-16bit.png": ("kept", ""),
+    "bob/0.jpg": ("kept", ""), "bob/1.jpg": ("kept", ""), "bob/2.webp": ("kept", ""),
+    "bob/3-two-faces.jpg": ("kept", "the largest of 2 faces, nearest the centre"),
+    "bob/4-truncated.jpg": ("unreadable", "cannot decode"),
+    "carol/0.jpg": ("kept", ""), "carol/1.jpg": ("kept", ""), "carol/2.png": ("kept", ""),
+    "carol/3-flat.png": ("no_face", "no face found"), "carol/4-empty.jpg": ("unreadable", "an empty file"),
+    "dave/0.jpg": ("kept", ""), "dave/1.jpg": ("kept", ""), "dave/2.png": ("kept", ""),
+    "dave/3-text.jpg": ("unreadable", "not an image Pillow can read"),
+    "dave/4-bomb.png": ("unreadable", "decompression bomb"),
+    "eve/0.jpg": ("kept", ""), "eve/1.jpg": ("kept", ""), "eve/2.png": ("kept", ""),
+    "eve/3-link.jpg": ("unreadable", "no such file"),
+    **({} if ROOT_USER else {"eve/4-locked.jpg": ("unreadable", "permission denied")}),
+}
+
+
+def make_photos(root: Path) -> Path:
+    """The test photos of EXPECTED under ``root/<identity>/``, and two files that are not photos."""
+    from PIL import Image
+
+    def put(name: str, data: bytes) -> None:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+
+    for identity, tint in TINTS.items():
+        put(f"{identity}/0.jpg", _encoded(astronaut(0, 1.0, tint), "JPEG", quality=90))
+        put(f"{identity}/1.jpg", _encoded(astronaut(12, 0.8, tint, canvas=(700, 600)), "JPEG", quality=90))
+        put(f"{identity}/2.{'webp' if identity == 'bob' else 'png'}",
+            _encoded(astronaut(-10, 0.6, tint, mirror=True, canvas=(500, 480)), "WEBP" if identity == "bob" else "PNG",
+                     **({"quality": 90} if identity == "bob" else {})))
+    rng = np.random.default_rng(0)
+    put("alice/3.jpg", _encoded(Image.fromarray(rng.integers(0, 256, (300, 400, 3), dtype=np.uint8)), "JPEG"))
+    gray = np.asarray(astronaut().convert("L"), np.uint16) * 257  # 16 bits per pixel, 0..65535
+    put("alice/4-16bit.png", _encoded(Image.fromarray(gray), "PNG"))
+    two = astronaut(canvas=(900, 600), at=(0, 40))
+    two.paste(astronaut(scale=0.6).crop((0, 0, 330, 300)), (560, 120))  # her face again, 51 px to her 88
+    put("bob/3-two-faces.jpg", _encoded(two, "JPEG", quality=90))
+    full = _encoded(astronaut(tint=TINTS["bob"]), "JPEG", quality=90)
+    put("bob/4-truncated.jpg", full[: len(full) // 2])
+    put("carol/3-flat.png", _encoded(Image.new("RGB", (320, 240), (200, 180, 160)), "PNG"))
+    put("carol/4-empty.jpg", b"")
+    put("dave/3-text.jpg", b"this is not a photo\n")
+    put("dave/4-bomb.png", _bomb_png())
+    (root / "eve" / "3-link.jpg").symlink_to(root / "eve" / "gone.jpg")
+    if not ROOT_USER:
+        put("eve/4-locked.jpg", full)
+        (root / "eve" / "4-locked.jpg").chmod(0)
+    put("notes.txt", b"not an identity\n")
+    put("dave/readme.txt", b"not a photo\n")
+    return root
+
+
+def tree_digest(root: Path) -> str:
+    """Every name, link target, mode and file content under ``root``."""
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        digest.update(f"{path.relative_to(root)}|{oct(path.lstat().st_mode)}|".encode())
+        if path.is_symlink():
+            digest.update(os.readlink(path).encode())
+        elif path.is_file() and os.access(path, os.R_OK):
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def output_bytes(out: Path) -> dict[str, bytes]:
+    """Every file under ``out`` (hidden ones included) by its relative name."""
+    return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def report(out: Path) -> list[dict[str, str]]:
+    with open(out / "report.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def cli(*args, timeout: float = 240, **popen) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, SCRIPT, *map(str, args)], cwd=ROOT, env=subprocess_env(),
+                          capture_output=True, text=True, timeout=timeout, **popen)
+
+
+def run_main(capsys, *args) -> tuple[int, str, str]:
+    """``prepare_faces.main`` in this process (faster than a process for the smaller cases)."""
+    rc = prepare_faces.main([str(a) for a in args])
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """The main output, made once as a user makes it: ``(photos, out, completed process, input digest before)``."""
+    base = tmp_path_factory.mktemp("faces")
+    photos = make_photos(base / "photos")
+    before = tree_digest(photos)
+    proc = cli(photos, base / "out", *FLAGS, "--workers", "1", timeout=280)
+    assert proc.returncode == 0, proc.stderr
+    return photos, base / "out", proc, before
+
+
+# ---------------------------------------------------------------------------------------------- the main flow
+
+@pytest.mark.timeout(300)
+def test_every_photo_gets_its_decision_in_the_report_and_one_summary_line(made):
+    photos, out, proc, before = made
+    assert tree_digest(photos) == before, "the input folder was modified"
+    rows = report(out)
+    assert list(rows[0]) == list(prepare_faces.REPORT_COLUMNS)
+    assert [r["path"] for r in rows] == sorted(EXPECTED, key=lambda p: (p.split("/")[0], p))
+    for row in rows:
+        status, reason = EXPECTED[row["path"]]
+        assert row["identity"] == row["path"].split("/")[0]
+        assert row["status"] == status or (status == "kept" and row["status"] == "holdout"), row
+        assert reason in row["reason"], row
+        if status == "kept":
+            assert float(row["score"]) >= 0.9 and row["faces"] == ("2" if "two-faces" in row["path"] else "1"), row
+            assert len(row["box"].split()) == 4 and len(row["landmarks"].split()) == 10, row
+        else:
+            assert row["label"] == "" and row["landmarks"] == "", row
+    held = sorted({r["identity"] for r in rows if r["status"] == "holdout"})
+    train_ids = [i for i in TINTS if i not in held]
+    assert len(held) == 2 and all(r["label"] == "" for r in rows if r["status"] == "holdout")
+    for row in rows:
+        if row["status"] == "kept":
+            assert row["label"] == str(train_ids.index(row["identity"])), row  # class ids follow sorted names
+    # The two-face photo keeps her large face, on the left, not the small one pasted at x >= 560.
+    two = next(r for r in rows if "two-faces" in r["path"])
+    assert float(two["box"].split()[2]) < 400, two
+
+    # One line per unreadable photo on stderr, and the files without a photo suffix named once.
+    unreadable = [p for p, (s, _) in EXPECTED.items() if s == "unreadable"]
+    lines = proc.stderr.strip().splitlines()
+    assert sorted(line.split()[2].rstrip(":") for line in lines if " unreadable " in line) == sorted(unreadable), lines
+    assert sum("ignored" in line for line in lines) == 2 and len(lines) == len(unreadable) + 2, lines
+
+    kept = sum(r["status"] in ("kept", "holdout") for r in rows)
+    per_id = [sum(r["identity"] == i and r["status"] == "kept" for r in rows) for i in train_ids]
+    held_faces = [sum(r["identity"] == i for r in rows if r["status"] == "holdout") for i in held]
+    pairs = 2 * min(sum(n * (n - 1) // 2 for n in held_faces), 1500)
+    summary = (f"prepare_faces: {len(rows)} photos: {kept} kept, 2 no face, 0 several faces, 0 below the "
+               f"thresholds, {len(unreadable)} unreadable; 3 identities in train.rec ({sum(per_id)} faces, "
+               f"{min(per_id)}-{max(per_id)} per identity), 2 held out in holdout.bin ({pairs} pairs)")
+    assert proc.stdout.strip().splitlines() == [summary]
+    assert json.loads((out / "prepare_faces.json").read_text())["summary"] == summary
+    assert sorted(p.name for p in out.iterdir()) == sorted(prepare_faces.OUTPUT_FILES)  # the work folder is gone
+
+
+@pytest.mark.timeout(120)
+def test_the_rec_reads_back_with_every_label_and_the_bin_pairs_the_held_out_faces(made):
+    _, out, _, _ = made
+    rows = report(out)
+    dataset = build_dataset(str(out))
+    kept = [r for r in rows if r["status"] == "kept"]
+    assert dataset.num_classes == 3 and len(dataset) == len(kept)
+    # Records are grouped by class id, in the report's order within a class.
+    expected = [int(r["label"]) for r in sorted(kept, key=lambda r: int(r["label"]))]
+    assert [dataset.raw(i)[1] for i in range(len(dataset))] == expected
+    image, label = dataset[0]
+    assert image.shape == (3, 112, 112) and image.dtype == torch.uint8 and int(label) == 0
+
+    held = [r for r in rows if r["status"] == "holdout"]
+    data = load_bin(out / "holdout.bin")
+    assert len(data.issame) == len(data.images) // 2 and data.images.shape[1:] == (3, 112, 112)
+    assert data.issame == [i % 2 == 0 for i in range(len(data.issame))]  # same, different, same, ...
+    # Each crop in the .bin is one of the held-out faces, and a pair is "same" when both are of one identity.
+    faces = {}
+    dataset_images = {dataset[i][0].numpy().tobytes() for i in range(len(dataset))}
+    for image in data.images:
+        assert image.numpy().tobytes() not in dataset_images, "a held-out face is in train.rec"
+        faces.setdefault(image.numpy().tobytes(), len(faces))
+    assert len(faces) <= len(held)
+    identity_of = _identities_of_bin_images(data, out, held)
+    for i, same in enumerate(data.issame):
+        a, b = identity_of[2 * i], identity_of[2 * i + 1]
+        assert (a == b) == same and data.images[2 * i].numpy().tobytes() != data.images[2 * i + 1].numpy().tobytes()
+
+
+def _identities_of_bin_images(data, out: Path, held: list[dict]) -> list[str]:
+    """Which held-out identity each image of the .bin shows: each image is matched to the crop of the photo its
+    report row names (the crop is made again from the photo and the row's landmarks)."""
+    photos = out.parent / "photos"
+    crops = {}
+    for row in held:
+        points = np.array(row["landmarks"].split(), dtype=np.float64).reshape(5, 2)
+        crop = align_face(read_photo(photos / row["path"]), points).float()
+        crops[row["path"]] = (crop, row["identity"])
+    identities = []
+    for image in data.images:
+        # The report's landmarks are rounded to 0.1 px and the .bin holds JPEGs: the nearest crop is the one.
+        path = min(crops, key=lambda p: (crops[p][0] - image.float()).abs().mean())
+        identities.append(crops[path][1])
+    return identities
+
+
+@pytest.mark.timeout(300)
+def test_the_output_trains_and_its_holdout_bin_is_scored_by_eval_verify(made, tmp_path):
+    _, out, _, _ = made
+    run = tmp_path / "run"
+    train("configs/debug_cpu", run, f"rec={out}", "num_classes=none", "num_image=none", "max_steps=20",
+          "batch_size=4", "val_targets=holdout", "verbose=10", "frequent=5", "save_every_steps=0")
+    log = (run / "training.log").read_text()
+    assert f"from the dataset {out}: num_classes = 3" in log and "step 20/20" in log, log[-3000:]
+    assert "verification target holdout" in log and "verification at step 20" in log, log[-3000:]
+    proc = subprocess.run([sys.executable, "-m", "eval.verify", "--weights", str(run / "model.pt"), "--data-dir",
+                           str(out), "--targets", "holdout", "--device", "cpu", "--json", str(tmp_path / "v.json")],
+                          cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=200)
+    assert proc.returncode == 0, proc.stderr
+    scored = json.loads((tmp_path / "v.json").read_text())["holdout"]
+    assert scored["pairs"] == len(load_bin(out / "holdout.bin").issame) and 0 <= scored["acc"] <= 1
+
+
+@pytest.mark.timeout(300)
+def test_the_same_input_gives_the_same_bytes(made, tmp_path):
+    """Another run, decoding in two processes instead of one, writes every file byte for byte the same."""
+    photos, out, _, before = made
+    proc = cli(photos, tmp_path / "again", *FLAGS, "--workers", "2", timeout=280)
+    assert proc.returncode == 0, proc.stderr
+    assert output_bytes(tmp_path / "again") == output_bytes(out)
+    assert tree_digest(photos) == before
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 200) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, f"the run ended ({proc.returncode}) before {path.name} was written"
+        assert time.monotonic() < deadline, f"no {path} after {timeout} s"
+        time.sleep(0.01)
+
+
+@pytest.mark.timeout(400)
+def test_an_interrupted_run_continues_where_it_stopped_and_gives_the_same_bytes(made, tmp_path):
+    photos, out, _, before = made
+    again = tmp_path / "out"
+    work = again / prepare_faces.WORK
+    command = [sys.executable, SCRIPT, str(photos), str(again), *FLAGS, "--workers", "0"]
+
+    # Ctrl-C after the first chunk: exit 130, one line saying how much is saved and how to go on.
+    proc = subprocess.Popen(command, cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    _wait_for(work / "chunk-000000.pt", proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    done = len(list(work.glob("chunk-*.pt")))
+    assert err.strip().splitlines()[-1] == (f"prepare_faces: interrupted; {min(4 * done, len(EXPECTED))} of "
+                                            f"{len(EXPECTED)} photos are saved in {work}: run the same command again "
+                                            f"to continue")
+    assert not (again / "train.rec").exists()
+
+    # Killed outright (no clean-up at all) after one more chunk.
+    proc = subprocess.Popen(command, cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    _wait_for(work / f"chunk-{done:06d}.pt", proc)
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert not (again / "train.rec").exists()
+    done = len(list(work.glob("chunk-*.pt")))
+    assert 2 <= done < -(-len(EXPECTED) // 4), done  # chunks of 4 photos
+
+    proc = cli(photos, again, *FLAGS, "--workers", "0", timeout=280)
+    assert proc.returncode == 0, proc.stderr
+    assert f"prepare_faces: continuing: {4 * done} of {len(EXPECTED)} photos already done" in proc.stderr
+    assert output_bytes(again) == output_bytes(out)
+    assert tree_digest(photos) == before
+
+
+# ------------------------------------------------------------------------------------------------ the policy
+
+def _face(box, score: float = 0.99) -> Face:
+    x0, y0, x1, y1 = box
+    return Face((x0, y0, x1, y1), score, np.zeros((5, 2)))
+
+
+def _settings(**changes) -> prepare_faces.Settings:
+    values = dict(multi="largest", min_score=0.9, min_face_size=40.0, detect_size=640, batch_size=16, chunk_size=256,
+                  device="cpu")
+    return prepare_faces.Settings(**{**values, **changes})
+
+
+def test_the_policy_decides_and_says_why():
+    size = (400, 600)  # (H, W)
+    big, small, centred = _face((0, 0, 100, 100)), _face((500, 0, 545, 45)), _face((250, 150, 345, 245))
+    assert prepare_faces.decide([], size, _settings())[::3] == ("no_face", 0)
+    status, chosen, shown, counted, reason = prepare_faces.decide([_face((0, 0, 100, 100), 0.8)], size, _settings())
+    assert (status, chosen, counted) == ("low_score", [], 0) and shown.score == 0.8
+    assert reason == "the best face scores 0.8000, below --min-score 0.9"
+    status, _, shown, _, reason = prepare_faces.decide([_face((0, 0, 30, 30))], size, _settings())
+    assert status == "small_face" and reason == "the largest face is 30 px, below --min-face-size 40"
+    # Several faces: the largest, and among faces within 10 % of its size the one nearest the centre.
+    status, chosen, _, counted, reason = prepare_faces.decide([big, small, centred], size, _settings())
+    assert status == "kept" and chosen == [centred] and counted == 3
+    assert reason == "the largest of 3 faces, nearest the centre"
+    assert prepare_faces.decide([big, small], size, _settings(multi="skip"))[::3] == ("several_faces", 2)
+    status, chosen, _, _, reason = prepare_faces.decide([big, small], size, _settings(multi="all"))
+    assert chosen == [big, small] and reason == "all 2 faces (--multi all)"
+    # Faces below the thresholds are not counted, and the reason says so.
+    status, chosen, _, counted, reason = prepare_faces.decide([big, _face((0, 0, 20, 20))], size,
+                                                              _settings(multi="skip"))
+    assert (status, chosen, counted) == ("kept", [big], 1)
+    assert reason == "1 more below --min-score/--min-face-size"
+
+
+@pytest.mark.timeout(120)
+def test_multi_all_keeps_both_faces_and_skip_none_and_thresholds_are_reported(made, tmp_path, capsys):
+    photos = tmp_path / "two"
+    (photos / "a").mkdir(parents=True)
+    (photos / "a" / "two.jpg").write_bytes((made[0] / "bob" / "3-two-faces.jpg").read_bytes())
+    (photos / "a" / "one.jpg").write_bytes((made[0] / "alice" / "0.jpg").read_bytes())
+    rc, out, err = run_main(capsys, photos, tmp_path / "all", "--multi", "all", "--workers", "0")
+    assert rc == 0, err
+    rows = report(tmp_path / "all")
+    assert [(r["path"], r["status"], r["faces"]) for r in rows] == [
+        ("a/one.jpg", "kept", "1"), ("a/two.jpg", "kept", "2"), ("a/two.jpg", "kept", "2")]
+    assert len(build_dataset(str(tmp_path / "all"))) == 3
+    assert "2 photos: 2 kept" in out and "1 identity in train.rec (3 faces, 3-3 per identity)" in out
+
+    rc, out, err = run_main(capsys, photos, tmp_path / "skip", "--multi", "skip", "--workers", "0")
+    assert rc == 0, err
+    assert [(r["status"], r["reason"]) for r in report(tmp_path / "skip")] == [
+        ("kept", ""), ("several_faces", "2 faces (--multi skip)")]
+    assert "1 kept, 0 no face, 1 several faces" in out
+
+    # Her face's box is 88 px on its shorter side in both photos, the second face in two.jpg 51 px.
+    rc, out, err = run_main(capsys, photos, tmp_path / "big", "--min-face-size", "80", "--workers", "0")
+    assert rc == 0, err
+    rows = report(tmp_path / "big")
+    assert rows[1]["status"] == "kept" and rows[1]["faces"] == "1"
+    assert rows[1]["reason"] == "1 more below --min-score/--min-face-size"
+    rc, out, err = run_main(capsys, photos, tmp_path / "strict", "--min-score", "1", "--workers", "0")
+    assert rc == 1 and err.strip().splitlines() == [
+        f"prepare_faces: error: no face kept in any of the 2 photos (0 without a face, 0 unreadable); every photo's "
+        f"reason is in {tmp_path / 'strict' / prepare_faces.WORK / 'report.csv'}"], err
+    assert {r["status"] for r in report(tmp_path / "strict" / prepare_faces.WORK)} == {"low_score"}
+    assert not (tmp_path / "strict" / "train.rec").exists() and not (tmp_path / "strict" / "report.csv").exists()
+
+
+def test_pairs_are_balanced_distinct_and_follow_the_seed():
+    groups = [[0, 1, 2], [3, 4], [5, 6, 7, 8]]
+    pairs = prepare_faces.form_pairs(groups, 3000, np.random.default_rng(0))
+    owner = {item: k for k, group in enumerate(groups) for item in group}
+    assert len(pairs) == 2 * (3 + 1 + 6) and [same for *_, same in pairs] == [True, False] * 10
+    assert all((owner[a] == owner[b]) == same and a < b for a, b, same in pairs)
+    assert len({(a, b) for a, b, _ in pairs}) == len(pairs)
+    assert pairs == prepare_faces.form_pairs(groups, 3000, np.random.default_rng(0))
+    assert len(prepare_faces.form_pairs(groups, 6, np.random.default_rng(0))) == 6
+    # Many faces: the different-identity pairs are drawn, not listed.
+    big = [list(range(k * 200, (k + 1) * 200)) for k in range(50)]
+    pairs = prepare_faces.form_pairs(big, 1000, np.random.default_rng(1))
+    assert len(pairs) == 1000 and len(set(pairs)) == 1000
+    assert all(((a // 200) == (b // 200)) == same for a, b, same in pairs)
+
+
+# ------------------------------------------------------------------------------- landmarks and list files
+
+def _pattern_photo(path: Path, seed: int, size=(200, 240)) -> np.ndarray:
+    """A PNG of noise (lossless: read back exactly) and 5 points on it: the template moved by a similarity."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8)).save(path)
+    angle, scale = np.deg2rad(rng.uniform(-20, 20)), rng.uniform(0.8, 1.3)
+    matrix = np.array([[scale * np.cos(angle), -scale * np.sin(angle), 40], [scale * np.sin(angle),
+                                                                              scale * np.cos(angle), 30]])
+    return apply_transform(matrix, ARCFACE_TEMPLATE)
+
+
+@pytest.mark.timeout(120)
+def test_landmarks_files_align_without_detection(tmp_path, capsys, monkeypatch):
+    photos = tmp_path / "photos"
+    points = {}
+    for k, name in enumerate(["p/a.png", "p/b.png", "q/c.png", "q/d.png"]):
+        (photos / name).parent.mkdir(parents=True, exist_ok=True)
+        points[name] = np.array([float(f"{v:.6f}") for v in _pattern_photo(photos / name, k).reshape(-1)])  # as written
+    lines = ["path,lex,ley,rex,rey,nx,ny,lmx,lmy,rmx,rmy"]
+    lines += [",".join([name, *(f"{v:.6f}" for v in p)]) for name, p in points.items()]
+    (tmp_path / "points.csv").write_text("\n".join(lines) + "\n")
+    # No detector at all: every photo has its points.
+    monkeypatch.setitem(sys.modules, "facenet_pytorch", None)
+    rc, out, err = run_main(capsys, photos, tmp_path / "out", "--landmarks", tmp_path / "points.csv", "--workers", "0")
+    assert rc == 0, err
+    rows = report(tmp_path / "out")
+    assert [(r["path"], r["label"], r["status"], r["score"], r["faces"]) for r in rows] == [
+        ("p/a.png", "0", "kept", "", ""), ("p/b.png", "0", "kept", "", ""), ("q/c.png", "1", "kept", "", ""),
+        ("q/d.png", "1", "kept", "", "")]
+    assert {r["reason"] for r in rows} == {"landmarks from --landmarks"}
+    dataset = build_dataset(str(tmp_path / "out"))
+    for i, (name, p) in enumerate(points.items()):
+        expected = encode_jpeg(align_face(read_photo(photos / name), p.reshape(5, 2)), quality=95).numpy().tobytes()
+        assert dataset.raw(i)[0] == expected and rows[i]["landmarks"].split() == [f"{v:.1f}" for v in p]
+    assert "4 photos: 4 kept" in out and "2 identities in train.rec (4 faces, 2-2 per identity)" in out
+
+    # JSON, as a list of {path, landmarks}, with points that fit no similarity for one photo.
+    entries = [{"path": name, "landmarks": p.reshape(5, 2).tolist()} for name, p in points.items()]
+    entries[1]["landmarks"] = [[5.0, 5.0]] * 5
+    (tmp_path / "points.json").write_text(json.dumps(entries))
+    rc, out, err = run_main(capsys, photos, tmp_path / "json", "--landmarks", tmp_path / "points.json",
+                            "--workers", "0")
+    assert rc == 0, err
+    rows = report(tmp_path / "json")
+    assert rows[1]["status"] == "bad_landmarks" and "all the same point" in rows[1]["reason"]
+    assert "3 kept" in out and "1 bad landmarks" in out
+
+
+@pytest.mark.timeout(120)
+def test_a_list_file_of_paths_and_labels(made, tmp_path, capsys):
+    photos = made[0]
+    listed = [(photos / "alice" / "0.jpg", "10"), (photos / "bob" / "0.jpg", "9"), (photos / "carol" / "0.jpg", "9"),
+              (tmp_path / "missing.jpg", "10")]
+    (tmp_path / "list.txt").write_text("# path label\n\n" + "".join(f"{p} {label}\n" for p, label in listed))
+    rc, out, err = run_main(capsys, tmp_path / "list.txt", tmp_path / "out", "--workers", "0")
+    assert rc == 0, err
+    rows = report(tmp_path / "out")
+    # Numeric labels sort as numbers: 9 before 10; class ids follow them.
+    assert [(r["identity"], r["label"], r["status"]) for r in rows] == [
+        ("9", "0", "kept"), ("9", "0", "kept"), ("10", "1", "kept"), ("10", "", "unreadable")]
+    assert rows[3]["reason"] == "no such file" and err.count("unreadable") == 1
+    assert [build_dataset(str(tmp_path / "out")).raw(i)[1] for i in range(3)] == [0, 0, 1]
+
+
+# ---------------------------------------------------------------------------------------------- the errors
+
+def _one_photo(made, folder: Path) -> Path:
+    """A folder with one identity and one photo of her."""
+    (folder / "alice").mkdir(parents=True)
+    (folder / "alice" / "0.jpg").write_bytes((made[0] / "alice" / "0.jpg").read_bytes())
+    return folder
+
+
+@pytest.mark.timeout(120)
+def test_without_facenet_pytorch_one_line_says_how_to_install_it(made, tmp_path):
+    """A process where ``import facenet_pytorch`` fails, as it does where the package is not installed."""
+    shim = ("import runpy, sys; sys.modules['facenet_pytorch'] = None; sys.argv = sys.argv[1:]; "
+            "runpy.run_path(sys.argv[0], run_name='__main__')")
+    photos = _one_photo(made, tmp_path / "photos")
+    proc = subprocess.run([sys.executable, "-c", shim, SCRIPT, str(photos), str(tmp_path / "out")], cwd=ROOT,
+                          env=subprocess_env(), capture_output=True, text=True, timeout=100)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("prepare_faces: error: face detection needs the facenet-pytorch package")
+    assert lines[0].endswith(INSTALL) and not (tmp_path / "out").exists()
+
+
+@pytest.mark.timeout(120)
+def test_usage_errors_are_one_line_and_exit_2(made, tmp_path, capsys):
+    photos = _one_photo(made, tmp_path / "photos")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "list.txt").write_text("a.jpg 1\njust-a-path\n")
+    (tmp_path / "bad.csv").write_text("a.jpg,1,2,3\n")
+    (tmp_path / "file").write_text("x")
+    cases = [
+        ((tmp_path / "nope", tmp_path / "o"), f"PHOTOS_DIR {tmp_path / 'nope'} does not exist"),
+        ((tmp_path / "empty", tmp_path / "o"), f"{tmp_path / 'empty'} holds no identity folders"),
+        ((tmp_path / "list.txt", tmp_path / "o"),
+         f"{tmp_path / 'list.txt'}:2: expected 'path label', got 'just-a-path'"),
+        ((photos, tmp_path / "o", "--landmarks", tmp_path / "bad.csv"),
+         f"--landmarks {tmp_path / 'bad.csv'}:1: 4 fields"),
+        ((photos, tmp_path / "o", "--landmarks", tmp_path / "none.csv"),
+         f"--landmarks {tmp_path / 'none.csv'} is not a file"),
+        ((photos, photos / "alice" / "out"), f"OUT_DIR {photos / 'alice' / 'out'} is inside PHOTOS_DIR {photos}"),
+        ((photos, tmp_path / "file"), f"OUT_DIR {tmp_path / 'file'} is a file, not a folder"),
+    ]
+    for args, message in cases:
+        rc, _, err = run_main(capsys, *args)
+        assert rc == 2 and len(err.strip().splitlines()) == 1, err
+        assert err.startswith(f"prepare_faces: error: {message}"), err
+    assert not (tmp_path / "o").exists() and not (photos / "alice" / "out").exists()
+    for flags, message in ((["--holdout", "1"], "--holdout must be 0 or >= 2"),
+                           (["--min-score", "1.5"], "--min-score must be in [0, 1]"),
+                           (["--multi", "best"], "invalid choice: 'best'"),
+                           (["--workers", "-1"], "--workers must be >= 0"),
+                           (["--device", "tpu"], "--device tpu")):
+        with pytest.raises(SystemExit) as exc:
+            prepare_faces.main([str(photos), str(tmp_path / "o"), *flags])
+        assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+def test_an_out_dir_holding_another_dataset_is_refused_unless_overwrite(tmp_path, capsys):
+    photos = tmp_path / "photos"
+    points = []
+    for k, name in enumerate(["p/a.png", "p/b.png", "q/c.png", "q/d.png", "r/e.png", "r/f.png"]):
+        (photos / name).parent.mkdir(parents=True, exist_ok=True)
+        points.append([name, *_pattern_photo(photos / name, k).reshape(-1).tolist()])
+    with open(tmp_path / "points.csv", "w", newline="") as f:
+        csv.writer(f).writerows(points)
+    common = ["--landmarks", tmp_path / "points.csv", "--workers", "0"]
+
+    out = tmp_path / "out"
+    write_insightface_rec(out, [(0, b"\xff\xd8 another")], 1)  # a rec of another tool
+    theirs = output_bytes(out)
+    rc, _, err = run_main(capsys, photos, out, *common)
+    assert rc == 2 and err.strip().splitlines() == [
+        f"prepare_faces: error: OUT_DIR {out} holds another dataset (train.rec, train.idx, property) not made by "
+        f"prepare_faces.py from {photos}; pass --overwrite to replace it, or choose another folder"], err
+    assert output_bytes(out) == theirs
+    rc, _, err = run_main(capsys, photos, out, *common, "--overwrite", "--holdout", "2")
+    assert rc == 0, err
+    assert build_dataset(str(out)).num_classes == 1 and (out / "holdout.bin").exists()
+
+    # The same input again is its own output: no --overwrite needed; what it no longer writes is removed.
+    rc, _, err = run_main(capsys, photos, out, *common)
+    assert rc == 0, err
+    assert build_dataset(str(out)).num_classes == 3 and not (out / "holdout.bin").exists()
+    # Another input is refused.
+    other = tmp_path / "other"
+    (other / "x").mkdir(parents=True)
+    (other / "x" / "a.png").write_bytes((photos / "p" / "a.png").read_bytes())
+    rc, _, err = run_main(capsys, other, out, *common)
+    assert rc == 2 and "holds another dataset (train.rec, train.idx, property, report.csv, preview.png, " \
+                       "prepare_faces.json) not made by prepare_faces.py from" in err, err
+
+    # A --holdout the photos cannot fill: exit 1, and the work done is kept for the next try.
+    rc, _, err = run_main(capsys, photos, tmp_path / "few", *common, "--holdout", "3")
+    assert rc == 1 and err.strip().splitlines() == [
+        "prepare_faces: error: --holdout 3: 3 identities kept a face; holding out 3 leaves none for training"], err
+    rc, _, err = run_main(capsys, photos, tmp_path / "few", *common, "--holdout", "2")
+    assert rc == 0 and "continuing: 6 of 6 photos already done" in err, err
