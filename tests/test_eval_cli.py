@@ -6,7 +6,6 @@ import json
 import re
 import subprocess
 import sys
-import warnings
 
 import numpy as np
 import pytest
@@ -18,6 +17,7 @@ from tests.helpers import ROOT, UNWRITABLE
 from eval import verify
 from eval.verification import load_bin, save_bin, unpickle_bin
 from scripts import make_bin
+from scripts.torch2onnx import export
 
 pytest.importorskip("backbones")
 from backbones import get_model, list_models  # noqa: E402
@@ -61,11 +61,7 @@ def trained(tmp_path_factory):
         opt.step()
     torch.save(net.state_dict(), out / "model.pt")
     net.eval()
-    with warnings.catch_warnings():  # torch's legacy-exporter notices: the exporter is chosen on purpose
-        warnings.simplefilter("ignore", DeprecationWarning)
-        torch.onnx.export(net, torch.zeros(1, 3, 112, 112), out / "model.onnx", dynamo=False,
-                          input_names=["data"], output_names=["embedding"],
-                          dynamic_axes={"data": {0: "batch"}, "embedding": {0: "batch"}})
+    export(net, out / "model.onnx")  # as scripts/torch2onnx.py writes it
     return out
 
 

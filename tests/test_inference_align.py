@@ -10,7 +10,6 @@ import json
 import shutil
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +17,7 @@ import pytest
 import torch
 from torchvision.io import encode_png
 
+from scripts.torch2onnx import export
 from tests.helpers import ROOT
 
 pytest.importorskip("skimage")
@@ -68,11 +68,7 @@ def run(tmp_path_factory) -> Path:
     torch.save(net.state_dict(), folder / "model.pt")
     card = model_card({"network": "tiny", "network_kwargs": TINY, "embedding_size": 16}, "0" * 16, 0)
     (folder / MODEL_CARD).write_text(json.dumps(card, indent=1))
-    with warnings.catch_warnings():  # torch's legacy-exporter notices: the exporter is chosen on purpose
-        warnings.simplefilter("ignore", DeprecationWarning)
-        torch.onnx.export(net, torch.zeros(1, 3, 112, 112), folder / "model.onnx", dynamo=False,
-                          input_names=["data"], output_names=["embedding"],
-                          dynamic_axes={"data": {0: "batch"}, "embedding": {0: "batch"}})
+    export(net, folder / "model.onnx")  # as scripts/torch2onnx.py writes it
     return folder
 
 
