@@ -320,9 +320,10 @@ def test_an_interrupted_run_continues_where_it_stopped_and_gives_the_same_bytes(
     work = again / prepare_faces.WORK
     command = [sys.executable, SCRIPT, str(photos), str(again), *FLAGS, "--workers", "0"]
 
-    # Ctrl-C after the first chunk: exit 130, one line saying how much is saved and how to go on.
+    # Ctrl-C after the first chunk: exit 130, one line saying how much is saved and how to go on. (A suite started
+    # in the background of a shell inherits SIGINT ignored, and so would the tool: it gets the terminal's default.)
     proc = subprocess.Popen(command, cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     _wait_for(work / "chunk-000000.pt", proc)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
