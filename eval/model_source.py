@@ -23,6 +23,7 @@ do not fit the architecture are one ``ValueError`` line that says what to pass i
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import shlex
@@ -137,8 +138,10 @@ def _holding(folder: Path, suffixes: tuple[str, ...]) -> tuple[list[Path], str]:
 def weights_file(weights: str | os.PathLike) -> Path:
     """The weights file ``--weights`` names: ``weights`` itself, or ``<folder>/model.pt`` for a folder (a run's
     output, as arcface_torch's tools take it); ``ValueError`` naming the folder and what it holds when it has no
-    ``model.pt``. A path with nothing there is returned as it is (its loader says "no such file")."""
+    ``model.pt``, ``FileNotFoundError`` saying first that a path does not exist (and what is nearest to it)."""
     weights = Path(weights)
+    if not weights.exists():
+        raise FileNotFoundError(f"--weights {weights}: no such file or folder{_nearest(weights)}")
     if not weights.is_dir():
         return weights
     if (weights / WEIGHTS_FILE).is_file():
@@ -146,6 +149,21 @@ def weights_file(weights: str | os.PathLike) -> Path:
     _, holds = _holding(weights, (".pt", ".pth"))
     raise ValueError(f"{weights}: a folder without {WEIGHTS_FILE} (what the trainer writes); {holds}: pass the "
                      f"weights file itself")
+
+
+def _nearest(path: Path) -> str:
+    """"; did you mean X?" for the entry of ``path``'s folder whose name is nearest to it, or where the folder
+    itself is missing, that; "" when nothing is near."""
+    folder = path.parent
+    if not folder.is_dir():
+        return f" ({folder} does not exist either)" if str(folder) not in ("", ".") else ""
+    names = difflib.get_close_matches(path.name, [entry.name for entry in folder.iterdir()], n=1, cutoff=0.6)
+    return f"; did you mean {folder / names[0]}?" if names else ""
+
+
+def is_onnx(path: str | os.PathLike) -> bool:
+    """Whether ``path`` names an exported ONNX model (an ``.onnx`` file) rather than torch weights."""
+    return Path(path).suffix.lower() == ".onnx" and Path(path).is_file()
 
 
 def onnx_file(onnx: str | os.PathLike) -> Path:
@@ -225,6 +243,10 @@ def check_model_options(parser: argparse.ArgumentParser, args: argparse.Namespac
                          f"first argument or as --weights")
         args.weights = args.weights if args.weights is not None else args.weights_argument
     describes = args.network_kwargs is not None or args.embedding_size is not None
+    if getattr(args, "onnx", None) is None and args.weights is not None and is_onnx(args.weights):
+        if hasattr(args, "weights_argument"):  # torch2onnx: the one tool that needs torch weights
+            parser.error(f"{args.weights} is an exported ONNX model already; pass the torch weights (model.pt)")
+        args.onnx, args.weights = args.weights, None  # an exported model given as --weights: run it as --onnx
     if getattr(args, "onnx", None) is not None and (args.network or describes):
         parser.error(f"--onnx runs the exported model as it is; {ARCHITECTURE_FLAGS} do not apply")
     if getattr(args, "onnx", None) is not None and getattr(args, "precision", "fp32") != "fp32":
@@ -232,8 +254,8 @@ def check_model_options(parser: argparse.ArgumentParser, args: argparse.Namespac
     if getattr(args, "random_init", None) is not None and not args.network:
         parser.error("--random-init needs --network (there are no weights, so no model.json beside them)")
     if describes and not args.network:
-        parser.error(f"--network-kwargs and --embedding-size describe the network --network names; pass --network "
-                     f"too (without all three, model.json beside --weights describes the network)")
+        parser.error("--network-kwargs and --embedding-size describe the network --network names; pass --network "
+                     "too (without all three, model.json beside --weights describes the network)")
     if args.embedding_size is not None and args.embedding_size < 1:
         parser.error(f"--embedding-size must be >= 1, got {args.embedding_size}")
     if getattr(args, "device", "cpu") == "cuda" and not torch.cuda.is_available():

@@ -58,8 +58,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add_model_options(p, precision=True)
     p.add_argument("--data-dir", type=Path, required=True, help="folder holding <target>.bin")
     p.add_argument("--targets", default="lfw,cfp_fp,agedb_30",
-                   help="comma-separated names of DIR/<name>.bin, with or without .bin")
-    p.add_argument("--batch-size", type=int, default=256)
+                   help="comma-separated names of DIR/<name>.bin, with or without .bin (default: %(default)s)")
+    p.add_argument("--nfolds", type=int, default=10,
+                   help="folds of the protocol: each fold's threshold is chosen on the others (the published "
+                        "figures use 10); a .bin needs at least as many pairs (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=256, help="images per forward pass (default: %(default)s)")
     p.add_argument("--roc", type=Path, help="write a ROC plot (PNG) of all targets")
     p.add_argument("--json", type=Path, help="write {target: {pairs, acc, ...}} as JSON")
     p.add_argument("--save-threshold", action="store_true",
@@ -71,6 +74,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--save-threshold writes into the model.json beside --weights or --onnx; --random-init has none")
     if args.batch_size < 1:
         p.error(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.nfolds < 2:
+        p.error(f"--nfolds must be >= 2 (a fold's threshold is chosen on the others), got {args.nfolds}")
     args.targets = target_paths(p, args.data_dir, args.targets)
     return args
 
@@ -105,9 +110,9 @@ def run(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         data = load_bin(path)
         with tqdm(total=2 * data.images.shape[0], desc=target, unit="img", file=sys.stderr, leave=False) as bar:
             try:
-                results[target] = test(data, backbone, args.batch_size, progress=bar.update)
+                results[target] = test(data, backbone, args.batch_size, args.nfolds, progress=bar.update)
             except ValueError as exc:  # a set the protocol cannot score (too few pairs): name the file
-                raise ValueError(f"{path}: {exc}") from None
+                raise ValueError(f"{path}: {exc} (--nfolds sets the folds)") from None
     print("\n".join(format_table(results)))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

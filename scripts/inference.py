@@ -5,10 +5,12 @@ photo (``--align``).
     python scripts/inference.py --network r50 --weights backbone.pth --image face.jpg
     python scripts/inference.py --network r50 --weight backbone.pth --img face.jpg   # arcface_torch's names
     python scripts/inference.py --weights work_dirs/ms1mv3_r50 --img raw.jpg --align  # a photo as it was taken
+    python scripts/inference.py --onnx work_dirs/ms1mv3_r50/model.onnx --image face.jpg  # the exported model
 
 The model options are those of every evaluation tool (``eval.model_source``): without ``--network`` the
 network is read from ``model.json`` beside the weights (``--weights`` may be the run folder). arcface_torch's
-``--img`` is another name of ``--image``, and its ``--weight`` is argparse's abbreviation of ``--weights``.
+``--img`` is another name of ``--image``, and its ``--weight`` is argparse's abbreviation of ``--weights``. An
+``.onnx`` file runs with onnxruntime, given as ``--onnx`` or as ``--weights``.
 Prints the L2-normalised embedding's size and first values, and its norm before normalisation; --output saves
 the raw embedding as a .npy file.
 
@@ -58,7 +60,7 @@ def embed(model: torch.nn.Module, image: torch.Tensor, device: str = "cpu") -> n
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_options(parser, onnx=False, random_init=False)
+    add_model_options(parser, random_init=False)
     parser.add_argument("--image", "--img", required=True, type=Path,
                         help="the aligned face, or with --align a raw photo (--img: arcface_torch's name for it)")
     parser.add_argument("--align", action="store_true",

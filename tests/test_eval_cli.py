@@ -132,7 +132,8 @@ def test_mismatched_weights_exit_with_one_line(trained):
 def test_missing_files_and_exclusive_sources(trained, capsys):
     rc, _, err = _run(capsys, *MODEL_ARGS, "--weights", trained / "nope.pt", "--data-dir", trained,
                       "--targets", "synth")
-    assert rc == 2 and err.strip().splitlines() == [f"eval.verify: error: {trained / 'nope.pt'}: no such file"]
+    assert rc == 2 and err.strip().splitlines() == [
+        f"eval.verify: error: --weights {trained / 'nope.pt'}: no such file or folder; did you mean {trained / 'model.pt'}?"]
     rc, _, err = _run(capsys, *MODEL_ARGS, "--random-init", "0", "--data-dir", trained, "--targets", "synth,lfw")
     assert rc == 2 and "lfw.bin" in err and len(err.strip().splitlines()) == 1
     with pytest.raises(SystemExit):
@@ -313,6 +314,44 @@ def test_no_model_json_and_no_network_is_one_line_saying_what_to_pass(trained):
         f"e.g. --network r50"], proc.stderr
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("tool", TOOLS)
+def test_a_mistyped_weights_path_is_said_first(tool, trained, carded, tmp_path, capsys):
+    """`inference.py --weights work_dirs/fces2 ...` (a run folder mistyped, no --network): the path does not exist,
+    said first, with the nearest name; not that a model.json beside it is missing."""
+    main, rest = _tools(trained, tmp_path)[tool]
+    typo = carded.with_name("rnu")
+    rc = main(["--weights", str(typo), *rest])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err == [f"{err[0].split(': error: ')[0]}: error: --weights {typo}: no such file or folder; "
+                               f"did you mean {carded}?"], err
+    rc = main(["--weights", str(tmp_path / "no_folder" / "model.pt"), *rest])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err[0].endswith(f"--weights {tmp_path / 'no_folder' / 'model.pt'}: no such file or folder "
+                                       f"({tmp_path / 'no_folder'} does not exist either)"), err
+
+
+@pytest.mark.timeout(120)
+def test_an_onnx_file_given_as_weights_runs_as_onnx(trained, tmp_path, capsys):
+    """`inference.py --weights model.onnx` runs the exported model (the embedding --onnx gives); torch2onnx, which
+    needs torch weights, says so in one line."""
+    from scripts import torch2onnx
+
+    image = tmp_path / "face.jpg"
+    image.write_bytes(encode_jpeg(torch.full((3, 112, 112), 128, dtype=torch.uint8)).numpy().tobytes())
+    outputs = {}
+    for flag in ("--weights", "--onnx"):
+        proc = subprocess.run([sys.executable, "scripts/inference.py", flag, str(trained / "model.onnx"), "--image",
+                               str(image), "--device", "cpu", "--output", str(tmp_path / f"{flag[2:]}.npy")],
+                              cwd=ROOT, capture_output=True, text=True, timeout=100)
+        assert proc.returncode == 0, proc.stderr
+        outputs[flag] = np.load(tmp_path / f"{flag[2:]}.npy")
+    np.testing.assert_array_equal(outputs["--weights"], outputs["--onnx"])
+    with pytest.raises(SystemExit):
+        torch2onnx.main([str(trained / "model.onnx"), "--output", str(tmp_path / "again.onnx")])
+    assert "is an exported ONNX model already; pass the torch weights (model.pt)" in capsys.readouterr().err
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("tool", TOOLS)
 def test_every_tool_reads_model_json_and_says_what_to_pass(tool, trained, carded, tmp_path, capsys):
@@ -453,7 +492,18 @@ def test_a_set_too_small_to_score_is_named(tmp_path, capsys):
     rc, _, err = _run(capsys, *MODEL_ARGS, "--random-init", "0", "--data-dir", tmp_path, "--targets", "two")
     lines = [line for line in err.replace("\r", "\n").splitlines() if line.startswith("eval.verify")]
     assert rc == 2 and lines == [f"eval.verify: error: {tmp_path / 'two.bin'}: nrof_folds=10 for 2 pairs; allowed: "
-                                 f"2 <= nrof_folds <= pairs"], err
+                                 f"2 <= nrof_folds <= pairs (--nfolds sets the folds)"], err
+    rc, out, err = _run(capsys, *MODEL_ARGS, "--random-init", "0", "--data-dir", tmp_path, "--targets", "two",
+                        "--nfolds", "2")
+    assert rc == 0 and out.splitlines()[1].startswith("two"), err
+
+
+def test_verify_help_shows_the_default_targets_and_the_folds():
+    proc = subprocess.run([sys.executable, "-m", "eval.verify", "--help"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    text = " ".join(proc.stdout.split())
+    assert proc.returncode == 0 and "(default: lfw,cfp_fp,agedb_30)" in text, proc.stdout
+    assert "--nfolds NFOLDS folds of the protocol" in text and "(default: 10)" in text, proc.stdout
 
 
 @pytest.mark.timeout(120)
