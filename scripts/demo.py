@@ -108,10 +108,17 @@ def main(argv: list[str] | None = None) -> int:
     cores = usable_cores()
     per_rank = max(1, cores // args.nproc)
 
+    from dataset.synthetic_faces import dataset_stamp, is_complete
+
+    per_class = cfg.num_image // cfg.num_classes
+    if is_complete(data, dataset_stamp(cfg.num_classes, per_class, args.pairs, cfg.seed)):
+        title = f"1/3 synthetic identities: already in {data}, nothing to generate"
+    else:
+        title = (f"1/3 generating synthetic identities: {cfg.num_classes} x {per_class} training images and 2 x "
+                 f"{args.pairs} verification pairs in {data} (kept for the next run)")
     run([sys.executable, "scripts/make_synthetic.py", "--out", str(data), "--num-classes", str(cfg.num_classes),
-         "--images-per-class", str(cfg.num_image // cfg.num_classes), "--pairs", str(args.pairs),
-         "--seed", str(cfg.seed), "--preview", str(data / "preview.png")],
-        "1/3 synthetic identities (cached)", 1)
+         "--images-per-class", str(per_class), "--pairs", str(args.pairs), "--seed", str(cfg.seed),
+         "--preview", str(data / "preview.png")], title, 1)
     run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
          "train.py", args.config, *train_overrides],
         f"2/3 training on {args.nproc} CPU ranks x {per_rank} thread{'s' if per_rank > 1 else ''} ({precision})",

@@ -36,6 +36,7 @@ def test_short_demo_beats_the_untrained_baseline(tmp_path):
     proc = subprocess.run([sys.executable, "scripts/demo.py", "--config", str(config), "--pairs", "300"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "=== 1/3 generating synthetic identities: " in proc.stdout and "(kept for the next run)" in proc.stdout
     from scripts.demo import usable_cores
 
     per_rank = max(1, usable_cores() // 2)
@@ -62,6 +63,7 @@ def test_short_demo_beats_the_untrained_baseline(tmp_path):
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-4000:]
     assert "resumed from" in again.stdout and "at step 80 " in again.stdout
+    assert f"=== 1/3 synthetic identities: already in {tmp_path / 'data'}, nothing to generate" in again.stdout
     assert "done: 80 steps" in again.stdout and " step 20/80 " not in again.stdout
     assert json.loads((output / "results.json").read_text()) == results
 
