@@ -393,3 +393,38 @@ def test_rec_info_names_a_folder_where_the_index_or_the_rec_should_be(tmp_path, 
     assert capsys.readouterr().err.strip().splitlines() == [
         f"rec_info: error: {tmp_path}: missing train.rec; train.idx is a folder, not a file; an MXNet RecordIO "
         f"dataset folder holds train.rec, train.idx and (insightface layout) property"]
+
+
+@pytest.mark.timeout(120)
+def test_rec_info_checks_an_image_folder_and_lists_every_bad_file(tmp_path):
+    """`scripts/rec_info.py FOLDER --check` on a folder per identity: every image read and decoded on 2 worker
+    processes; a truncated JPEG, random bytes and a wrong size are each listed with the reason (exit 1); an
+    identity with one image and a file training ignores are warnings."""
+    folder = tmp_path / "faces"
+    for person, count in (("alice", 3), ("bob", 2), ("carol", 1)):
+        (folder / person).mkdir(parents=True)
+        for i in range(count):
+            (folder / person / f"{i}.jpg").write_bytes(_image(10 * len(person) + i))
+    good = _image(99)
+    (folder / "bob" / "truncated.jpg").write_bytes(good[: len(good) // 3])
+    (folder / "bob" / "noise.jpg").write_bytes(np.random.default_rng(1).bytes(3000))
+    (folder / "alice" / "big.png").write_bytes(_image(5, size=(120, 100), fmt="PNG"))
+    (folder / "alice" / "notes.txt").write_text("not an image")
+    cmd = [sys.executable, "scripts/rec_info.py", str(folder), "--check", "--workers", "2"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stdout.strip() == f"{folder}: image folder, 9 images, 3 identities"
+    err = proc.stderr
+    assert "warning: 1 of 3 identities have fewer than 2 images: carol (1)" in err
+    assert "warning: 1 files are not .jpg/.jpeg/.png images and training ignores them: alice/notes.txt" in err
+    assert "3 problems:" in err
+    for name, reason in (("bob/truncated.jpg", "cannot decode image"), ("bob/noise.jpg", "cannot decode image"),
+                         ("alice/big.png", "112")):
+        line = next((line for line in err.splitlines() if f"{folder / name}" in line), None)
+        assert line is not None and reason in line, (name, err)
+    assert f"scripts/make_rec.py --images {folder} --out DIR, which skips them" in err
+    for name in ("bob/truncated.jpg", "bob/noise.jpg", "alice/big.png"):
+        (folder / name).unlink()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stderr
+    assert "check passed: every image reads, decodes and is 112x112" in proc.stdout
