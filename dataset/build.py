@@ -28,8 +28,10 @@ def build_data(cfg: Config, rank: int, world_size: int, device: torch.device,
     if cfg.num_image is not None and num_images != cfg.num_image:
         raise ValueError(f"num_image = {cfg.num_image} in the config, but the dataset {cfg.rec!r} holds {num_images} "
                          f"images; set num_image = {num_images} or None (it sets the steps per epoch and the LR)")
+    logger.info("data %s: num_classes = %d (%s), num_image = %d (%s)", cfg.rec, num_classes,
+                "the config's" if cfg.num_classes is not None else "from the dataset", num_images,
+                "the config's" if cfg.num_image is not None else "from the dataset")
     if cfg.num_classes is None or cfg.num_image is None:
-        logger.info("from the dataset %s: num_classes = %d, num_image = %d", cfg.rec, num_classes, num_images)
         cfg = cfg.updated(num_classes=num_classes, num_image=num_images)
     return loader, cfg
 

@@ -176,9 +176,12 @@ def build_dataset(rec: str, num_classes: int | None = None, image_size: tuple[in
         return MXFaceDataset(path, num_classes=num_classes, image_size=image_size)
     if path.is_dir() and any(d.is_dir() for d in path.iterdir()):
         ds = ImageFolderDataset(path, image_size=image_size)
-        if num_classes is not None and num_classes < ds.num_classes:
-            raise ValueError(f"{path} has {ds.num_classes} identity folders but num_classes={num_classes}")
-        if num_classes is not None:
-            ds.num_classes = num_classes
+        if num_classes is not None and num_classes != ds.num_classes:
+            # The labels are 0..N-1 for N identity folders: fewer classes cannot hold them, more get no image.
+            what = ("its labels would be out of range" if num_classes < ds.num_classes else
+                    f"the head would train {num_classes - ds.num_classes} classes that have no image")
+            raise ValueError(f"{path} has {ds.num_classes} identity folders (labels 0..{ds.num_classes - 1}) but "
+                             f"num_classes = {num_classes}: {what}; set num_classes = {ds.num_classes}, or None to "
+                             f"read it from the folder")
         return ds
     raise ValueError(f"dataset path {path} is neither; {expected}")

@@ -285,7 +285,7 @@ def test_the_output_trains_and_its_holdout_bin_is_scored_by_eval_verify(made, tm
     train("configs/debug_cpu", run, f"rec={out}", "num_classes=none", "num_image=none", "max_steps=20",
           "batch_size=4", "val_targets=holdout", "verbose=10", "frequent=5", "save_every_steps=0")
     log = (run / "training.log").read_text()
-    assert f"from the dataset {out}: num_classes = 3" in log and "step 20/20" in log, log[-3000:]
+    assert f"data {out}: num_classes = 3 (from the dataset)" in log and "step 20/20" in log, log[-3000:]
     assert "verification target holdout" in log and "verification at step 20" in log, log[-3000:]
     proc = subprocess.run([sys.executable, "-m", "eval.verify", "--weights", str(run / "model.pt"), "--data-dir",
                            str(out), "--targets", "holdout", "--device", "cpu", "--json", str(tmp_path / "v.json")],

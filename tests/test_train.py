@@ -211,7 +211,8 @@ def test_num_classes_and_num_image_left_none_come_from_the_rec(tmp_path):
     train(CONFIG, output, f"rec={FIXTURES / 'rec_insightface'}", "num_classes=None", "num_image=None",
           "batch_size=4", "max_steps=2", "frequent=1", "save_every_steps=0")
     log = (output / "training.log").read_text()
-    assert f"from the dataset {FIXTURES / 'rec_insightface'}: num_classes = 6, num_image = 30" in log, log[-3000:]
+    assert (f"data {FIXTURES / 'rec_insightface'}: num_classes = 6 (from the dataset), num_image = 30 (from the "
+            f"dataset)") in log, log[-3000:]
     assert "step 2/2" in log
     assert load_model(output)  # the run ended with its model
 

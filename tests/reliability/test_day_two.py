@@ -153,7 +153,10 @@ def small_faces(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("setting,message", [
-    ("num_classes=4", "has 8 identity folders but num_classes=4"),
+    ("num_classes=4", "has 8 identity folders (labels 0..7) but num_classes = 4: its labels would be out of range"),
+    # configs/debug_cpu's num_classes = 64 kept for a folder of 8 identities: classes no image can teach.
+    ("num_classes=64", "has 8 identity folders (labels 0..7) but num_classes = 64: the head would train 56 classes "
+                       "that have no image; set num_classes = 8, or None to read it from the folder"),
     ("num_image=40", "num_image = 40 in the config, but the dataset"),
     ("network=r51", "unknown backbone 'r51' (did you mean 'r50'?)"),
 ])
@@ -195,7 +198,10 @@ def test_a_bad_init_backbone_file_is_one_line(tmp_path):
 def test_num_classes_and_num_image_come_from_the_dataset(small_faces, tmp_path):
     proc = train(CONFIG, tmp_path / "run", f"rec={small_faces}", "num_classes=none", "num_image=none",
                  "batch_size=4", "max_steps=2", "val_targets=")
-    assert f"from the dataset {small_faces}: num_classes = 8, num_image = 32" in proc.stdout
+    assert f"data {small_faces}: num_classes = 8 (from the dataset), num_image = 32 (from the dataset)" in proc.stdout
+    proc = train(CONFIG, tmp_path / "again", f"rec={small_faces}", "num_classes=8", "num_image=none",
+                 "batch_size=4", "max_steps=2", "val_targets=")
+    assert f"data {small_faces}: num_classes = 8 (the config's), num_image = 32 (from the dataset)" in proc.stdout
 
 
 FULL_DISK = """\
