@@ -44,7 +44,8 @@ from utils.wandb_run import start_run
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("config", help="configs/NAME (as in arcface_torch) or a path to a .py config file")
+    parser.add_argument("config", nargs="?", help="configs/NAME (as in arcface_torch) or a path to a .py config file "
+                                                  "(before or after --set)")
     parser.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                         help="override config keys; may be repeated: --set lr=0.1 batch_size=64 --set seed=1")
     parser.add_argument("--resume", action="store_true",
@@ -53,6 +54,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="accepted for `python -m torch.distributed.launch`, which passes it; the rank's GPU "
                              "comes from the LOCAL_RANK variable, which torchrun and the launcher set")
     args = parser.parse_args(argv)
+    if args.config is None:  # `--set lr=0.1 configs/NAME`: --set's values took the config name too
+        names = [value for value in args.overrides if "=" not in value]
+        if len(names) != 1:
+            parser.error("the config is required: train.py configs/NAME [--set KEY=VALUE ...]"
+                         + (f"; got several values without '=': {names}" if names else ""))
+        args.config = names[0]
+        args.overrides = [value for value in args.overrides if value != names[0]]
     if args.local_rank is not None:
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
     return args

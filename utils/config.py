@@ -37,6 +37,21 @@ FORMER_KEYS = {
                    "polynomially to 0 (lr_power), as arcface_torch's train_v2.py; remove the key",
     "dataset": "arcface_torch's older `dataset` name is not used: `rec` names the dataset's folder",
 }
+# Names users type for our keys (other trainers' and tutorials'), checked before the nearest spelling: edit distance
+# alone takes learning_rate to sample_rate.
+COMMON_NAMES = {
+    "learning_rate": "lr", "lr_rate": "lr", "base_lr": "lr", "epochs": "num_epoch", "epoch": "num_epoch",
+    "num_epochs": "num_epoch", "max_epoch": "num_epoch", "max_epochs": "num_epoch", "batchsize": "batch_size",
+    "bs": "batch_size", "batch": "batch_size", "wd": "weight_decay", "weightdecay": "weight_decay",
+    "momentum_sgd": "momentum", "workers": "num_workers", "num_worker": "num_workers", "classes": "num_classes",
+    "num_class": "num_classes", "n_classes": "num_classes", "num_images": "num_image", "data": "rec",
+    "data_dir": "rec", "data_root": "rec", "train_data": "rec", "output_dir": "output", "out_dir": "output",
+    "work_dir": "output", "backbone": "network", "arch": "network", "model": "network", "emb_size": "embedding_size",
+    "embedding_dim": "embedding_size", "feature_dim": "embedding_size", "warmup": "warmup_epoch",
+    "warmup_epochs": "warmup_epoch", "steps": "max_steps", "iterations": "max_steps", "max_iter": "max_steps",
+    "grad_clip": "clip_grad_norm", "clip_grad": "clip_grad_norm", "amp": "fp16", "mixed_precision": "fp16",
+    "scale": "margin_list", "sample_ratio": "sample_rate", "pfc_rate": "sample_rate",
+}
 BASE_CONFIG = CONFIG_DIR / "base.py"
 
 # Keys whose default does not show their type: optional paths (None allowed) and `resume` (bool or a path).
@@ -259,9 +274,16 @@ def resolve_config_path(path_or_name: str) -> Path:
 
 
 def _suggest(key: str, valid: Mapping[str, Any] | Sequence[str]) -> str:
+    """"; did you mean 'lr'?": arcface_torch's former keys, then the names users type for ours (COMMON_NAMES, with
+    hyphens and case as typed), then the nearest spelling."""
     if key in FORMER_KEYS:
         return f"; {FORMER_KEYS[key]}"
-    close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.5)
+    plain = key.lower().replace("-", "_")
+    if plain in valid and plain != key:
+        return f"; did you mean {plain!r}?"
+    if COMMON_NAMES.get(plain) in valid:
+        return f"; did you mean {COMMON_NAMES[plain]!r}?"
+    close = difflib.get_close_matches(plain, list(valid), n=1, cutoff=0.5)
     return f"; did you mean {close[0]!r}?" if close else ""
 
 

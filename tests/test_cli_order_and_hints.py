@@ -1,0 +1,45 @@
+"""train.py as a new user types it: --set before or after the config, and the names users type for our keys."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import CONFIG, ROOT, subprocess_env
+from utils.config import COMMON_NAMES, load_config
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _train(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, env=subprocess_env(), capture_output=True,
+                          text=True, timeout=150)
+
+
+@pytest.mark.parametrize("typed, meant", [("learning_rate", "lr"), ("epochs", "num_epoch"), ("batchsize", "batch_size"),
+                                          ("weight-decay", "weight_decay"), ("lr_rat", "sample_rate")])
+def test_an_unknown_key_suggests_the_name_users_mean(typed, meant, tmp_path):
+    """`--set learning_rate=0.01` suggested 'sample_rate' (the nearest spelling); the common names come first.
+    Both orders of --set and the config give the same one line."""
+    for args in (("--set", f"{typed}=0.01", CONFIG), (CONFIG, "--set", f"{typed}=0.01")):
+        proc = _train(*args, "--set", f"output={tmp_path}")
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+            f"train.py: --set '{typed}=0.01': unknown key '{typed}'; did you mean '{meant}'?"], proc.stderr
+
+
+def test_set_before_the_config_trains(tmp_path):
+    """`python train.py --set lr=0.1 configs/debug_cpu` (the order the usage line shows) used to say the config
+    was missing: --set's values had taken it."""
+    proc = _train("--set", "lr=0.05", "max_steps=2", "frequent=1", f"output={tmp_path}", CONFIG)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = (tmp_path / "training.log").read_text()
+    assert "step 2/2" in log and "lr 0.05" in log.replace("lr 0.050000", "lr 0.05"), log[-2000:]
+    proc = _train("--set", "lr=0.1")
+    assert proc.returncode == 2 and "the config is required: train.py configs/NAME" in proc.stderr
+
+
+def test_every_common_name_points_at_a_key():
+    keys = set(load_config(CONFIG))
+    assert not {name: key for name, key in COMMON_NAMES.items() if key not in keys}
+    assert not keys & set(COMMON_NAMES)  # a name that is one of our keys would never be suggested
