@@ -1,0 +1,340 @@
+"""scripts/overlap.py on synthetic identities and a tiny network trained on them in-process: identities put in
+both sets on purpose are all found, a test set without them reports no more than its calibrated FAR allows,
+``--drop`` writes the rest (rec and image folder), ``--head`` reads a 2-rank checkpoint, and the blocked
+similarities equal the dense ones.
+
+The network is trained on the training set's identities and on the test sets' other identities, so that it
+separates them all. A network trained for seconds on a few identities does not generalise to identities it never
+saw: it maps them near the classes it knows, where a class mean (an average, free of the image's nuisances) is
+closer to an image than another image of that class is, and a threshold calibrated on image pairs lets more
+through than its FAR (measured, a network trained on 100 identities, the training set 16 of them: 3 of 96 images
+of identities it never saw listed, where 0.35 come by chance; docs/overlap.md). The tool's question does not
+depend on what the network was trained on: a model trained on a superset of the identities checks a training
+set all the same.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from backbones import get_model
+from dataset import ImageFolderDataset, MXFaceDataset
+from dataset.images import decode, normalise
+from dataset.recordio import write_insightface_rec
+from dataset.synthetic_faces import (EVAL_ID_BASE, NuisanceConfig, encode_jpeg, identity_params, image_rng, render,
+                                     sample_nuisance)
+from dataset.verification_set import save_bin
+from partial_fc.checkpoint import head_shard
+from scripts import overlap
+from scripts.overlap import CLASS_MAP, CSV_COLUMNS, impostor_threshold, nearest_classes
+from tests.helpers import ROOT
+from utils.checkpoint import TrainState, make_common, save_checkpoint, step_dir
+
+SEED = 0
+NUM_CLASSES = 16  # the training set: identities 0..15
+TRAIN_IMAGES = 8  # per identity of the training set
+NET_IMAGES = 12  # per identity the network is trained on
+SHARED = (1, 4, 7, 10, 13)  # training identities put in shared.bin on purpose
+OTHERS = list(range(EVAL_ID_BASE["easy"], EVAL_ID_BASE["easy"] + 45))  # in no training set; the network knows them
+# The identities of each test set: many, so that its impostor pairs span many pairs of identities, as LFW's do.
+SETS = {"shared.bin": [*SHARED, *OTHERS[:15]], "clean.bin": OTHERS[15:]}
+SET_IMAGES = 2  # distinct images of each identity of a test set
+IMPOSTORS = 360  # different pairs of a test set, drawn among its images: a FAR resolution of 1/360
+EMBEDDING = 64
+TINY = {"widths": [2, 8, 16, 32]}
+MODEL_ARGS = ["--network", "tiny", "--embedding-size", str(EMBEDDING), "--network-kwargs", json.dumps(TINY)]
+STEPS = 250
+
+
+# Milder nuisances than the demo's sets (no occluder, little lighting): a network trained for seconds separates
+# the identities well enough that the tests check the tool, not the network.
+NUISANCE = NuisanceConfig(rotation_deg=4.0, scale=0.03, shift_px=2.0, yaw=0.02, smile=0.4, mouth_open=0.2,
+                          brow_raise=0.02, eye_close=0.2, illumination=0.1, brightness=0.05, contrast=0.05,
+                          colour_jitter=0.02, blur_sigma=0.4, noise_sigma=3.0, occlusion_p=0.0, jpeg_quality=(85, 95))
+
+
+def _jpeg(identity: int, index: int) -> bytes:
+    """Image ``index`` of ``identity`` (the same bytes on every call)."""
+    nuisance = sample_nuisance(image_rng(SEED, "easy", identity, index), NUISANCE)
+    return encode_jpeg(render(identity_params(SEED, identity), nuisance), nuisance.jpeg_quality)
+
+
+def _write_set(path: Path, identities: list[int], rng: np.random.Generator) -> list[int]:
+    """A .bin of SET_IMAGES images of each identity (images no training set holds), paired as every same pair and
+    IMPOSTORS different pairs drawn among them (an image in several pairs, as in LFW); the distinct image of every
+    image of the file, an index into ``identities`` x SET_IMAGES."""
+    jpegs = [_jpeg(identity, 1000 + k) for identity in identities for k in range(SET_IMAGES)]
+    pairs = [(i, j) for i in range(len(jpegs)) for j in range(i + 1, len(jpegs))]
+    same = [(i, j) for i, j in pairs if i // SET_IMAGES == j // SET_IMAGES]
+    different = [(i, j) for i, j in pairs if i // SET_IMAGES != j // SET_IMAGES]
+    different = [different[k] for k in rng.choice(len(different), size=IMPOSTORS, replace=False)]
+    save_bin(path, [jpegs[k] for pair in same + different for k in pair], [True] * len(same) + [False] * IMPOSTORS)
+    return [k for pair in same + different for k in pair]
+
+
+def _train(images: torch.Tensor, labels: torch.Tensor, classes: int) -> tuple[nn.Module, torch.Tensor]:
+    """The tiny network and its class centres after STEPS CosFace steps (s = 32, m = 0.2, AdamW: the demo's
+    recipe) on ``images``."""
+    torch.manual_seed(SEED)
+    net = get_model("tiny", num_features=EMBEDDING, **TINY)
+    centres = nn.Parameter(torch.randn(classes, EMBEDDING) * 0.1)  # (C, D)
+    opt = torch.optim.AdamW([*net.parameters(), centres], lr=0.002, weight_decay=0.1)
+    g = torch.Generator().manual_seed(SEED)
+    for _ in range(STEPS):
+        pick = torch.randint(0, len(images), (32,), generator=g)
+        x = images[pick]  # (32, 3, 112, 112) uint8
+        flip = torch.rand(32, generator=g) < 0.5
+        x = torch.where(flip.view(-1, 1, 1, 1), x.flip(3), x)
+        cos = nn.functional.normalize(net(normalise(x))) @ nn.functional.normalize(centres).T  # (32, C)
+        y = labels[pick]
+        loss = nn.functional.cross_entropy(32 * (cos - 0.2 * nn.functional.one_hot(y, classes)), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return net.eval(), centres.detach()
+
+
+def _save_head(output: Path, centres: torch.Tensor, world_size: int = 2) -> Path:
+    """A step checkpoint of ``centres`` written by ``world_size`` ranks (threads), as the trainer writes one."""
+    barrier = threading.Barrier(world_size)
+    bounds = np.linspace(0, len(centres), world_size + 1).astype(int)
+    common = make_common(state=TrainState(step=1), lr=0.1, backbone={}, backbone_optimizer={}, scaler={},
+                         world_size=world_size, num_classes=len(centres), fingerprint="test", config={})
+    errors: list[BaseException] = []
+
+    def rank(r: int) -> None:
+        lo, hi = bounds[r], bounds[r + 1]
+        shard = head_shard(centres[lo:hi], {"momentum_buffer": torch.zeros(hi - lo, centres.shape[1])}, lo,
+                           len(centres))
+        try:
+            save_checkpoint(output, 1, rank=r, world_size=world_size, head=shard, common=common if r == 0 else None,
+                            barrier=lambda: barrier.wait(timeout=30))
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world_size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    return step_dir(output, 1)
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory):
+    """A rec and the same images as an image folder (16 identities x 8), shared.bin (5 of those identities and
+    15 others), clean.bin (30 others), the tiny network trained on all 61 identities, and a 2-rank checkpoint of
+    its head's rows of the training set's 16 classes."""
+    out = tmp_path_factory.mktemp("overlap")
+    jpegs = [(c, _jpeg(c, i)) for c in range(NUM_CLASSES) for i in range(TRAIN_IMAGES)]
+    write_insightface_rec(out / "rec", jpegs, NUM_CLASSES)
+    for c in range(NUM_CLASSES):
+        folder = out / "faces" / f"person_{c:02d}"
+        folder.mkdir(parents=True)
+        for k in range(TRAIN_IMAGES):
+            (folder / f"{k}.jpg").write_bytes(jpegs[c * TRAIN_IMAGES + k][1])
+    rng = np.random.default_rng(SEED)
+    who = {name[:-len(".bin")]: _write_set(out / name, identities, rng) for name, identities in SETS.items()}
+    known = [(c, _jpeg(identity, i)) for c, identity in enumerate([*range(NUM_CLASSES), *OTHERS])
+             for i in range(NET_IMAGES)]
+    images = torch.stack([decode(data, "train") for _, data in known])  # (N, 3, 112, 112)
+    net, centres = _train(images, torch.tensor([c for c, _ in known]), NUM_CLASSES + len(OTHERS))
+    torch.save(net.state_dict(), out / "model.pt")
+    head = _save_head(out / "run", centres[:NUM_CLASSES])
+    return {"out": out, "who": who, "head": head}
+
+
+def _overlap(*argv, timeout: float = 120) -> subprocess.CompletedProcess:
+    """scripts/overlap.py as a user types it (a real process: its exit status and streams)."""
+    cmd = [sys.executable, "scripts/overlap.py", *map(str, argv)]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def _rows(text: str) -> list[dict[str, str]]:
+    rows = list(csv.DictReader(io.StringIO(text)))
+    assert text.splitlines()[0] == ",".join(CSV_COLUMNS)
+    return rows
+
+
+def _chance_bound(images: int) -> float:
+    """How many of ``images`` distinct images of other identities may match a training class by chance when the
+    threshold is the largest of IMPOSTORS impostor similarities (FAR resolution 1 / IMPOSTORS), each image
+    compared with every class: a binomial mean plus 3 standard deviations."""
+    mean = images * NUM_CLASSES / IMPOSTORS
+    return mean + 3 * mean ** 0.5
+
+
+def _check_found(rows: list[dict[str, str]], who: dict[str, list[int]]) -> None:
+    """Every image of an identity put in both sets is listed with its class; the other identities' distinct
+    images no more often than the FAR lets impostors through."""
+    listed = {(Path(r["bin"]).name, int(r["image"])): int(r["class"]) for r in rows}
+    for name, images in (("shared.bin", who["shared"]), ("clean.bin", who.get("clean", []))):
+        chance = set()
+        for i, distinct in enumerate(images):
+            identity = SETS[name][distinct // SET_IMAGES]
+            if identity in SHARED:
+                assert listed.get((name, i)) == identity, (name, i, identity, listed.get((name, i)))
+            elif (name, i) in listed:
+                chance.add(distinct)
+        others = sum(identity not in SHARED for identity in SETS[name]) * SET_IMAGES
+        assert len(chance) <= _chance_bound(others), (name, sorted(chance))
+
+
+@pytest.mark.timeout(300)
+def test_shared_identities_are_all_found_and_a_clean_set_stays_within_its_far(synth):
+    out, who = synth["out"], synth["who"]
+    proc = _overlap(*MODEL_ARGS, "--weights", out / "model.pt", "--rec", out / "rec", "--bin", out / "shared.bin",
+                    "--bin", out / "clean.bin", "--device", "cpu", "--workers", "0")
+    print(proc.stderr)  # the closing note quotes it
+    assert proc.returncode == 0, proc.stderr
+    rows = _rows(proc.stdout)
+    _check_found(rows, who)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 3, lines
+    for line, name in zip(lines, ("shared.bin", "clean.bin")):
+        assert line.startswith(f"overlap: {out / name}: ") and f"largest similarity of its {IMPOSTORS} impostor" in line
+    assert lines[2].startswith(f"overlap: {len(rows)} of {len(who['shared']) + len(who['clean'])} test images")
+    assert "(class means)" in lines[2]
+
+
+def test_nearest_classes_in_blocks_equal_the_dense_argmax():
+    g = torch.Generator().manual_seed(0)
+    queries = nn.functional.normalize(torch.randn(37, 8, generator=g, dtype=torch.float64))  # (T, D)
+    for sub_centres in (1, 3):
+        centres = nn.functional.normalize(torch.randn(23 * sub_centres, 8, generator=g, dtype=torch.float64))
+        dense = (queries @ centres.T).view(37, 23, sub_centres).amax(dim=2)  # (T, C)
+        want_sim, want_index = dense.max(dim=1)
+        # 1: one similarity per block (classes split too); 10: a few classes per block; 100: rows of all classes.
+        for block in (1, 10, 5 * 23 * sub_centres, 10 ** 6):
+            sim, index = nearest_classes(queries, centres, sub_centres, block_elements=block)
+            assert torch.equal(index, want_index), (sub_centres, block)
+            torch.testing.assert_close(sim, want_sim, rtol=0, atol=1e-12)
+
+
+def _listed_classes(stdout: str) -> set[int]:
+    return {int(r["class"]) for r in _rows(stdout)}
+
+
+@pytest.mark.timeout(300)
+def test_drop_writes_a_rec_without_the_matched_classes(synth, tmp_path):
+    out = synth["out"]
+    proc = _overlap(*MODEL_ARGS, "--weights", out / "model.pt", "--rec", out / "rec", "--bin", out / "shared.bin",
+                    "--drop", tmp_path / "clean_rec", "--workers", "1", "--csv", tmp_path / "overlap.csv")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == ""
+    dropped = _listed_classes((tmp_path / "overlap.csv").read_text())
+    assert set(SHARED) <= dropped
+    source, copy = MXFaceDataset(out / "rec"), MXFaceDataset(tmp_path / "clean_rec")
+    kept = [c for c in range(NUM_CLASSES) if c not in dropped]
+    assert copy.layout == "insightface" and copy.num_classes == len(kept)
+    mapping = list(csv.DictReader(io.StringIO((tmp_path / "clean_rec" / CLASS_MAP).read_text())))
+    assert [(int(r["class"]), int(r["original_class"])) for r in mapping] == list(enumerate(kept))
+    # The rest is identical: the same image bytes, in the same order, each under its renumbered class.
+    want = [(kept.index(label), data) for data, label, _ in map(source.raw, range(len(source))) if label in kept]
+    assert [copy.raw(i)[1::-1] for i in range(len(copy))] == want
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["clean_rec", "overlap.csv"]  # no staging folder left
+    # The summary says what was written.
+    assert f"wrote {tmp_path / 'clean_rec'}: {len(kept)} classes, {len(want)} images" in proc.stderr
+
+
+@pytest.mark.timeout(300)
+def test_head_centres_of_a_two_rank_checkpoint_and_drop_of_an_image_folder(synth, tmp_path):
+    out = synth["out"]
+    proc = _overlap(*MODEL_ARGS, "--weights", out / "model.pt", "--rec", out / "faces", "--bin", out / "shared.bin",
+                    "--head", synth["head"], "--drop", tmp_path / "clean_faces")
+    print(proc.stderr)
+    assert proc.returncode == 0, proc.stderr
+    rows = _rows(proc.stdout)
+    assert all(r["identity"] == f"person_{int(r['class']):02d}" for r in rows)
+    _check_found(rows, {"shared": synth["who"]["shared"]})
+    assert "(trained centres)" in proc.stderr
+    dropped = {int(r["class"]) for r in rows}
+    source, copy = ImageFolderDataset(out / "faces"), ImageFolderDataset(tmp_path / "clean_faces")
+    assert copy.classes == [name for c, name in enumerate(source.classes) if c not in dropped]
+    for name in copy.classes:
+        files = sorted((out / "faces" / name).iterdir())
+        assert [p.name for p in files] == sorted(p.name for p in (tmp_path / "clean_faces" / name).iterdir())
+        assert all((tmp_path / "clean_faces" / name / p.name).read_bytes() == p.read_bytes() for p in files)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["clean_faces"]
+
+
+def _one_error_line(proc: subprocess.CompletedProcess, code: int, *words: str) -> str:
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == code, proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("overlap: error: "), lines
+    assert all(w in lines[0] for w in words), (lines[0], words)
+    return lines[0]
+
+
+@pytest.mark.timeout(300)
+def test_errors_are_one_line_with_the_documented_exit_status(synth, tmp_path, capsys):
+    out = synth["out"]
+    model = [*MODEL_ARGS, "--weights", out / "model.pt", "--workers", "0"]
+    save_bin(tmp_path / "small.bin", [_jpeg(0, 0), _jpeg(0, 1), _jpeg(1, 0), _jpeg(2, 0)], [True, False])
+    # 2: usage and configuration.
+    _one_error_line(_overlap(*model, "--rec", out / "rec", "--bin", tmp_path / "lfw.bin"), 2, "not found", "lfw.bin")
+    _one_error_line(_overlap(*model, "--rec", tmp_path / "nowhere", "--bin", out / "shared.bin"), 2, "nowhere")
+    head = _overlap(*model, "--rec", out / "rec", "--bin", tmp_path / "small.bin", "--head", tmp_path)
+    _one_error_line(head, 2, "neither a step checkpoint folder")
+    (tmp_path / "few").mkdir()
+    for c in range(3):
+        (tmp_path / "few" / f"id{c}").mkdir()
+        (tmp_path / "few" / f"id{c}" / "0.jpg").write_bytes(_jpeg(c, 0))
+    other = _overlap(*model, "--rec", tmp_path / "few", "--bin", tmp_path / "small.bin", "--head", synth["head"])
+    _one_error_line(other, 2, f"the head has {NUM_CLASSES} classes", "few has 3")
+    # Options argparse refuses: its usage line and one error line, exit 2 (before anything is read).
+    (tmp_path / "exists").mkdir()
+    common = [*map(str, model), "--rec", str(out / "rec"), "--bin", str(tmp_path / "small.bin")]
+    for extra, message in ((["--drop", str(tmp_path / "exists")], "exists; --drop writes a new folder"),
+                           (["--drop", str(out / "rec" / "clean")], "is inside the training set"),
+                           (["--far", "0"], "--far must be in (0, 1), got 0.0"),
+                           (["--bin", str(tmp_path / "small.bin")], "is given twice")):
+        with pytest.raises(SystemExit) as exit_:
+            overlap.parse_args([*common, *extra])
+        assert exit_.value.code == 2 and message in capsys.readouterr().err.strip().splitlines()[-1], extra
+    # 1: bad data, naming the file.
+    (tmp_path / "cut.bin").write_bytes((out / "shared.bin").read_bytes()[:1000])
+    _one_error_line(_overlap(*model, "--rec", out / "rec", "--bin", tmp_path / "cut.bin"), 1, "cut.bin", "truncated")
+    save_bin(tmp_path / "same.bin", [_jpeg(0, 0), _jpeg(0, 1)] * 2, [True, True])
+    same = _overlap(*model, "--rec", out / "rec", "--bin", tmp_path / "same.bin")
+    _one_error_line(same, 1, "same.bin", "no impostor")
+    shutil.copytree(out / "rec", tmp_path / "damaged")
+    rec = tmp_path / "damaged" / "train.rec"
+    rec.write_bytes(rec.read_bytes()[:rec.stat().st_size // 2])
+    damaged = _overlap(*model, "--rec", tmp_path / "damaged", "--bin", tmp_path / "small.bin")
+    _one_error_line(damaged, 1, str(rec), "past the end")
+    (tmp_path / "bad_faces" / "a").mkdir(parents=True)
+    (tmp_path / "bad_faces" / "a" / "0.jpg").write_bytes(b"\xff\xd8 not a jpeg")
+    bad = _overlap(*model, "--rec", tmp_path / "bad_faces", "--bin", tmp_path / "small.bin")
+    _one_error_line(bad, 1, "0.jpg", "cannot decode")
+
+
+def test_threshold_is_the_impostor_similarity_a_fraction_far_lies_above():
+    # 20000 impostor pairs: FAR 1e-4 leaves floor(2.0) = 2 above, so the threshold is the third largest.
+    order = torch.randperm(20000, generator=torch.Generator().manual_seed(0))
+    sims = torch.linspace(-0.5, 0.5, 20000, dtype=torch.float64)[order]  # (P,)
+    first = torch.nn.functional.normalize(torch.randn(20000, 2, dtype=torch.float64), dim=1)  # (P, 2)
+    angle = torch.atan2(first[:, 1], first[:, 0]) + torch.arccos(sims)
+    second = torch.stack([torch.cos(angle), torch.sin(angle)], dim=1)  # (P, 2): cos(first, second) = sims
+    embeddings = torch.stack([first, second], dim=1).reshape(-1, 2)  # (2P, 2), pair i = rows 2i, 2i+1
+    found = impostor_threshold(embeddings, [False] * 20000, 1e-4, Path("x.bin"))
+    assert (found.impostors, found.above) == (20000, 2)
+    assert found.value == pytest.approx(float(sims.sort(descending=True).values[2]), abs=1e-9)
+    assert "the similarity at FAR 0.0001 of its 20000 impostor pairs (2 above)" in found.describe(1e-4)
+    # Same pairs do not count; fewer than 1 / FAR impostor pairs give their largest similarity, and say so.
+    few = impostor_threshold(embeddings[:40], [True, False] * 10, 1e-4, Path("x.bin"))
+    assert few.impostors == 10 and few.above == 0
+    assert few.value == pytest.approx(float(sims[1:20:2].max()), abs=1e-9)
+    assert "the largest similarity of its 10 impostor pairs (FAR resolution 1/10 = 0.1" in few.describe(1e-4)
