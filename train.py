@@ -70,12 +70,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def optimizer_step(job: Job, state: TrainState,
                    micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor | None:
     """Forward/backward over `gradient_acc` micro-batches (DDP synchronises on the last), then one update of
-    backbone and head, or, if the loss or any gradient on any rank is not finite, none: weights, optimizer
-    state and batch-norm statistics stay, the fp16 loss scale backs off once. Returns the mean loss (a device
-    tensor, read by logging every `frequent` steps), or None when skipped."""
+    backbone and head (of the head alone during `head_warmup_steps`), or, if the loss or any gradient on any
+    rank is not finite, none: weights, optimizer state and batch-norm statistics stay, the fp16 loss scale
+    backs off once. Returns the mean loss (a device tensor, read by logging every `frequent` steps), or None
+    when skipped."""
     cfg, d = job.cfg, job.derived
-    apply_lr([job.opt_backbone, job.opt_head],
-             lr_at(state.step, cfg.lr, d.warmup_steps, d.total_steps, power=cfg.lr_power))
+    lr = lr_at(state.step, cfg.lr, d.warmup_steps, d.total_steps, power=cfg.lr_power)
+    apply_lr(job.opt_head, lr)
+    apply_lr(job.opt_backbone, lr * cfg.backbone_lr_scale)
+    # Head warm-up: the plain backbone, outside DDP, in eval mode and without a graph, so that no gradient, no
+    # all-reduce and no batch-norm update reaches it (trainer/finetune.py says why not requires_grad).
+    head_only = job.fine_tuning.head_only(state.step)
+    job.fine_tuning.set_modes(job.backbone, state.step)
+    backbone = job.backbone if head_only else job.wrapped_backbone
     # Batch-norm running statistics change in the forward pass itself; a skipped step must put them back, or
     # one NaN batch poisons every later evaluation and checkpoint. The copy is small (r100: ~0.2 MB).
     buffers = [*job.backbone.buffers(), *job.head.buffers()]  # BN statistics; AdaFace's norm statistics
@@ -87,7 +94,8 @@ def optimizer_step(job: Job, state: TrainState,
             if cfg.channels_last:
                 images = images.contiguous(memory_format=torch.channels_last)
             with autocast(job.device, job.autocast_dtype):
-                embeddings = job.wrapped_backbone(images)  # (B, D) fp32: the backbones leave autocast for their tail
+                with torch.set_grad_enabled(not head_only):
+                    embeddings = backbone(images)  # (B, D) fp32: the backbones leave autocast for their tail
                 loss = job.head(embeddings, labels)  # () fp32
             # Backward runs even for a non-finite loss, so every rank's DDP reducer sees the same iteration;
             # the gradients are then dropped below. The loss is the global-batch mean: equal on every rank.
@@ -151,7 +159,7 @@ def train(job: Job, state: TrainState) -> None:
             if progress is not None:
                 progress.update(1)
             if state.step % cfg.frequent == 0 or state.step == d.total_steps:
-                mean = progress_log.log(state.step, state.epoch, job.opt_backbone.param_groups[0]["lr"],
+                mean = progress_log.log(state.step, state.epoch, job.opt_head.param_groups[0]["lr"],
                                         job.scaler.scale if job.scaler.is_enabled() else None)
                 if progress is not None:
                     progress.set_postfix(loss=f"{mean:.3f}", epoch=state.epoch)

@@ -117,6 +117,11 @@ class IResNet(nn.Module):
         nn.init.ones_(self.features.weight)
         self.features.weight.requires_grad_(False)
 
+    def stages(self) -> list[tuple[str, tuple[str, ...]]]:
+        """The network from the input, stem first, as (stage, names of its modules): what ``freeze_stages``
+        freezes the first of (trainer/finetune.py)."""
+        return [("stem", ("conv1", "bn1", "prelu"))] + [(f"layer{i}", (f"layer{i}",)) for i in range(1, 5)]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.prelu(self.bn1(self.conv1(x)))  # (N, C0, H, W)
         for stage in (self.layer1, self.layer2, self.layer3, self.layer4):

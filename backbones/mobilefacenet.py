@@ -159,6 +159,13 @@ class MobileFaceNet(nn.Module):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
 
+    def stages(self) -> list[tuple[str, tuple[str, ...]]]:
+        """The network from the input, stem first, as (stage, names of its modules): the stem's two units, then
+        each stride-2 bottleneck with its residual blocks (``blocks``' stage1..stage3); what ``freeze_stages``
+        freezes the first of (trainer/finetune.py)."""
+        return [("stem", ("layers.0", "layers.1"))] + [
+            (f"stage{i}", (f"layers.{2 * i}", f"layers.{2 * i + 1}")) for i in range(1, len(self.layers) // 2)]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for unit in self.layers:
             x = maybe_checkpoint(unit, x, self.activation_checkpointing)  # (N, C, H', W')

@@ -232,6 +232,13 @@ class VisionTransformer(nn.Module):
         filled = self.mask_token.expand(n, self.num_tokens, dim)  # (N, L, D)
         return filled.scatter(1, keep.unsqueeze(-1).expand(-1, -1, dim), x)  # (N, L, D)
 
+    def stages(self) -> list[tuple[str, tuple[str, ...]]]:
+        """The network from the input, stem first, as (stage, names of its modules and parameters): the patch
+        embedding with the positions, then each transformer block; what ``freeze_stages`` freezes the first of
+        (trainer/finetune.py)."""
+        return [("stem", ("patch_embed", "pos_embed"))] + [(f"blocks.{i}", (f"blocks.{i}",))
+                                                           for i in range(len(self.blocks))]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if tuple(x.shape[-2:]) != (self.input_size, self.input_size):
             raise ValueError(f"VisionTransformer: expected (N, 3, {self.input_size}, {self.input_size}) images "

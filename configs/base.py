@@ -115,6 +115,25 @@ config.clip_grad_norm = 5.0
 # Stop the job after this many optimizer steps in a row skipped for a non-finite loss or gradient; >= 1.
 config.max_nonfinite_steps = 10
 
+# ---------------------------------------------------------------- fine-tuning (docs/finetuning.md)
+# The backbone's learning rate as a multiple of the head's (the schedule's lr): a backbone that starts from
+# init_backbone moves less than the fresh head; finite and > 0 (1 = both at lr).
+config.backbone_lr_scale = 1.0
+# Keep every batch-norm layer of the backbone in eval mode while training: it normalises with its running
+# statistics and never updates them (small or one-sided data estimates them worse than the pre-training did);
+# its affine weights still train unless their stage is frozen.
+config.freeze_bn = False
+# Freeze the stem and the first N stages of the backbone (no gradient, no update, batch-norm statistics kept):
+# IResNet stem = conv1/bn1/prelu, stages layer1..layer4; MobileFaceNet stem = its first two units, stages =
+# each stride-2 bottleneck with its residual blocks (3); ViT stem = patch_embed and pos_embed, stages = its
+# blocks (depth). 0 = nothing frozen; >= 0 and at most the network's stage count.
+config.freeze_stages = 0
+# Train the head alone for this many optimizer steps: the backbone runs as at inference (eval mode, no
+# gradient) and stays bit for bit as it is, so the fresh class centres settle before their gradients reach
+# the backbone; then the whole network trains. Counted in optimizer steps from step 0 (a resumed run inside
+# it continues it); >= 0 (0 = none).
+config.head_warmup_steps = 0
+
 # ---------------------------------------------------------------- data
 # Training data: a folder holding train.rec/train.idx (insightface RecordIO), a folder of identity folders,
 # or "synthetic" (random images, for speed tests and CI).

@@ -101,7 +101,8 @@ EXPRESSED_AS = {
     ("wf42m_pfc02_vit_h", "dali_aug"): False,
 }
 # Backbones another branch is adding; a recipe may name them until they are registered.
-OURS = {"debug_cpu", "demo_cpu", "demo_cpu_adaface"}  # shipped configs that are not arcface_torch recipes
+# Shipped configs that are not arcface_torch recipes.
+OURS = {"debug_cpu", "demo_cpu", "demo_cpu_adaface", "finetune_example"}
 
 
 def published(name: str) -> dict:

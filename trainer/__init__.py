@@ -2,6 +2,7 @@
 
 - ``trainer.preflight``: the ranks agree on the config's paths before anything is built (``check_on_every_rank``);
 - ``trainer.build``: the run's parts from the config (``build`` → ``Job``; ``build_backbone``);
+- ``trainer.finetune``: what fine-tuning freezes (stages, batch-norm statistics) and the head-only steps;
 - ``trainer.parallelize``: the plain backbone wrapped for the step: DDP, its fp16 hook, ``torch.compile``;
 - ``trainer.checkpointing``: what the trainer saves and how a run resumes, over ``utils.checkpoint``'s format.
 

@@ -3,7 +3,7 @@ loss scale, the writers and the verification callback, in one ``Job``."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -15,6 +15,7 @@ from dataset import DaliLoader, FaceDataLoader, build_data
 from eval.callback import CallbackVerification
 from losses import build_margin
 from partial_fc import PartialFC, build_optimizers
+from trainer.finetune import FineTuning, prepare
 from trainer.parallelize import parallelize
 from utils.config import Config, Derived, check_world, data_identity, derive, fingerprint
 from utils.files import load_weights
@@ -46,6 +47,7 @@ class Job:
     output: Path = Path(".")
     fingerprint: str = ""  # of the config and the data's identity: what a checkpoint must match to auto-resume
     data_identity: str = "synthetic"
+    fine_tuning: FineTuning = field(default_factory=FineTuning)  # frozen batch norms, head-only steps
 
 
 def build_backbone(cfg: Config, device: torch.device) -> nn.Module:
@@ -65,6 +67,9 @@ def build(cfg: Config, rank: int, world_size: int, device: torch.device, logger:
     check_world(cfg, world_size)
     torch.manual_seed(cfg.seed)  # every rank builds the same backbone; DDP also broadcasts rank 0's weights
     backbone = build_backbone(cfg, device)
+    fine_tuning, summary = prepare(backbone, cfg)  # frozen stages leave DDP's reducer: freeze before wrapping
+    if summary is not None:
+        logger.info("%s", summary)
     wrapped = parallelize(backbone, cfg, device, world_size)
 
     head = PartialFC(build_margin(cfg), cfg.embedding_size, cfg.num_classes, cfg.sample_rate, seed=cfg.seed,
@@ -88,4 +93,4 @@ def build(cfg: Config, rank: int, world_size: int, device: torch.device, logger:
                backbone=backbone, wrapped_backbone=wrapped, head=head, opt_backbone=opt_backbone, opt_head=opt_head,
                scaler=LossScaler(enabled=cfg.fp16), autocast_dtype=autocast_dtype,
                loader=loader, logger=logger, writer=writer, callback=callback, output=output,
-               fingerprint=fingerprint(cfg, data), data_identity=data)
+               fingerprint=fingerprint(cfg, data), data_identity=data, fine_tuning=fine_tuning)

@@ -95,7 +95,7 @@ def save_training_state(job: Trainer, state: TrainState) -> Path:
     """Write checkpoint ``state.step`` (every rank calls it: rank 0 the common part, each rank its head shard)."""
     common = None
     if job.rank == 0:
-        common = make_common(state=state, lr=job.opt_backbone.param_groups[0]["lr"],
+        common = make_common(state=state, lr=job.opt_head.param_groups[0]["lr"],
                              backbone=job.backbone.state_dict(), backbone_optimizer=job.opt_backbone.state_dict(),
                              scaler=job.scaler.state_dict(), world_size=job.world_size,
                              num_classes=job.cfg.num_classes, fingerprint=job.fingerprint, config=job.cfg.to_dict(),

@@ -79,7 +79,8 @@ FINGERPRINT_EXCLUDED = frozenset({
 # key existed. A key at that value is left out of the fingerprint, so those checkpoints still resume (e.g. a run
 # started with power-2 decay continues with `--set lr_power=2`); any other value changes the fingerprint.
 FINGERPRINT_LEGACY = {"lr_power": 2.0, "dali_aug": False, "margin": "combined", "adaface_m": 0.4, "adaface_h": 0.333,
-                      "adaface_t_alpha": 0.01, "sub_centers": 1, "head_update": "sampled"}
+                      "adaface_t_alpha": 0.01, "sub_centers": 1, "head_update": "sampled", "backbone_lr_scale": 1.0,
+                      "freeze_bn": False, "freeze_stages": 0, "head_warmup_steps": 0}
 
 _TRUE = frozenset({"true", "1", "yes", "y", "on"})
 _FALSE = frozenset({"false", "0", "no", "n", "off"})
@@ -391,6 +392,11 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "gradient_acc": _rule(lambda v: v >= 1, ">= 1"),
     "clip_grad_norm": _rule(lambda v: _finite(v) and v >= 0, ">= 0 (0 = no clipping)"),
     "max_nonfinite_steps": _rule(lambda v: v >= 1, ">= 1"),
+    "backbone_lr_scale": _rule(lambda v: _finite(v) and v > 0, "finite and > 0 (1 = the head's lr; to keep the "
+                               "backbone as it is, set head_warmup_steps to the run's length instead)"),
+    "freeze_stages": _rule(lambda v: v >= 0, ">= 0 (0 = nothing frozen; at most the network's stage count, "
+                           "docs/finetuning.md)"),
+    "head_warmup_steps": _rule(lambda v: v >= 0, ">= 0 (0 = no head-only steps)"),
     "rec": _rule(lambda v: bool(v.strip()), "a dataset folder or 'synthetic'"),
     "num_classes": _rule(lambda v: v is None or v >= 1, ">= 1, or None for what the dataset says"),
     "num_image": _rule(lambda v: v is None or v >= 1, ">= 1, or None for what the dataset holds"),

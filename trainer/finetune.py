@@ -1,0 +1,91 @@
+"""Fine-tuning on small data: what of the backbone is frozen, and when (docs/finetuning.md).
+
+Each config key is a no-op at its default, so a run that sets none trains as before, bit for bit:
+
+- ``freeze_stages``: the stem and the first N stages (the backbone's ``stages()``) get ``requires_grad = False``
+  before DDP wraps the backbone. DDP builds its reducer from the parameters that require a gradient, so it
+  never waits for theirs; autograd never computes one (the images need none), and the optimizer, which skips
+  parameters without a gradient, neither moves nor decays them. Their batch-norm layers stay in eval mode.
+- ``freeze_bn``: every batch-norm layer of the backbone in eval mode while training (running statistics used,
+  never updated); the affine weights still learn.
+- ``head_warmup_steps``: for the first steps the step calls the plain backbone (not its DDP wrapper) in eval
+  mode under ``no_grad``: the embeddings carry no graph, so the backward stops at the head and the backbone gets
+  no gradient, no all-reduce (every rank is at the same step, so none waits for another) and no update; its
+  batch-norm statistics stay. DDP does not allow ``requires_grad`` to change once it has wrapped a module, and
+  skipping the backbone's update after a full backward would still pay for that backward and its all-reduce
+  and would need its batch-norm statistics put back; no graph at all is correct under DDP and under gradient
+  accumulation alike, and the cheapest.
+- ``backbone_lr_scale``: ``train.optimizer_step`` sets the backbone's LR to the schedule's LR times the scale.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from utils.config import Config
+
+_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+
+
+@dataclass(frozen=True)
+class FineTuning:
+    """What the step needs of the fine-tuning settings: the backbone's batch-norm layers kept in eval mode and
+    the number of head-only steps. The default freezes nothing."""
+
+    frozen_bn: tuple[nn.Module, ...] = ()
+    head_warmup_steps: int = 0
+
+    def head_only(self, step: int) -> bool:
+        """Whether optimizer step ``step`` (0-based) trains the head alone."""
+        return step < self.head_warmup_steps
+
+    def set_modes(self, backbone: nn.Module, step: int) -> None:
+        """Put ``backbone`` in step ``step``'s modes: eval while the head trains alone, else train mode with the
+        frozen batch-norm layers in eval. Called before every step, since verification's ``train()`` puts every
+        layer back in train mode; nothing when nothing is frozen (the modules keep their own modes)."""
+        if not self.frozen_bn and not self.head_warmup_steps:
+            return
+        backbone.train(not self.head_only(step))
+        for module in self.frozen_bn:
+            module.eval()
+
+
+def prepare(backbone: nn.Module, cfg: Config) -> tuple[FineTuning, str | None]:
+    """Freeze the first ``cfg.freeze_stages`` stages of ``backbone`` (call it before DDP wraps the backbone) and
+    return the step's ``FineTuning`` with the one line that says what is frozen and at what LR each part trains
+    (None when every fine-tuning key is at its default). ``ValueError`` when the network has fewer stages."""
+    stages: list[tuple[str, tuple[str, ...]]] = []  # the frozen ones: (stage, names of its modules)
+    if cfg.freeze_stages > 0:
+        named = getattr(backbone, "stages", None)
+        if named is None:
+            raise ValueError(f"freeze_stages = {cfg.freeze_stages}: network {cfg.network!r} does not name its "
+                             f"stages; set freeze_stages = 0")
+        every = named()
+        if cfg.freeze_stages >= len(every):
+            raise ValueError(f"freeze_stages = {cfg.freeze_stages} is not allowed for network {cfg.network!r}: it "
+                             f"has {len(every) - 1} stages after its stem ({', '.join(n for n, _ in every[1:])}); "
+                             f"expected 0..{len(every) - 1}")
+        stages = every[: cfg.freeze_stages + 1]
+    frozen = [name for _, names in stages for name in names]
+
+    def is_frozen(qualified: str) -> bool:
+        return any(qualified == name or qualified.startswith(name + ".") for name in frozen)
+
+    for name, param in backbone.named_parameters():
+        if is_frozen(name):
+            param.requires_grad_(False)
+    frozen_bn = tuple(m for name, m in backbone.named_modules()
+                      if isinstance(m, _BATCH_NORMS) and (cfg.freeze_bn or is_frozen(name)))
+    plan = FineTuning(frozen_bn=frozen_bn, head_warmup_steps=cfg.head_warmup_steps)
+    if (cfg.backbone_lr_scale, cfg.freeze_bn, cfg.freeze_stages, cfg.head_warmup_steps) == (1.0, False, 0, 0):
+        return plan, None
+    parts = [f"backbone lr = {cfg.backbone_lr_scale:g} x head lr (peak {cfg.lr:g} -> "
+             f"{cfg.lr * cfg.backbone_lr_scale:g})"]
+    if cfg.freeze_bn:
+        parts.append("batch-norm statistics frozen")
+    if stages:
+        parts.append(f"stages {stages[0][0]}..{stages[-1][0]} frozen (weights and batch-norm statistics)")
+    if cfg.head_warmup_steps:
+        parts.append(f"head alone for the first {cfg.head_warmup_steps} steps")
+    return plan, "fine-tuning: " + ", ".join(parts)
