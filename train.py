@@ -35,7 +35,7 @@ from trainer.build import Job, build
 from trainer.preflight import check_on_every_rank
 from utils.checkpoint import TrainState
 from utils.config import check_world, load_config
-from utils.distributed import get_rank, get_world_size, init_process_group, pick_device
+from utils.distributed import gather_lines, get_rank, get_world_size, init_process_group, pick_device
 from utils.logging_setup import ProgressLog, one_line, setup_logging
 from utils.lr_scheduler import apply_lr, lr_at
 from utils.precision import NonFiniteLossError, autocast, nonfinite_parts
@@ -67,8 +67,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 # ------------------------------ One optimizer step ---------------------------------------------------------
-def optimizer_step(job: Job, state: TrainState,
-                   micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor | None:
+def optimizer_step(job: Job, state: TrainState, micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
+                   bad_samples: Sequence[str] = ()) -> torch.Tensor | None:
     """Forward/backward over `gradient_acc` micro-batches (DDP synchronises on the last), then one update of
     backbone and head (of the head alone during `head_warmup_steps`), or, if the loss or any gradient on any
     rank is not finite, none: weights, optimizer state and batch-norm statistics stay, the fp16 loss scale
@@ -104,7 +104,16 @@ def optimizer_step(job: Job, state: TrainState,
     loss = torch.stack(losses).mean()  # ()
     grads = [p.grad for p in job.backbone.parameters() if p.grad is not None]
     head_grad = job.head.gradient_rows()
-    bad, backbone_norm = nonfinite_parts(loss, grads, head_grad)
+    bad, backbone_norm, left_out = nonfinite_parts(loss, grads, head_grad, len(bad_samples))
+    if left_out:  # some rank's loader left out a sample it could not read: every rank learns which
+        problems = gather_lines(list(bad_samples))
+        if not cfg.skip_bad_images:
+            raise ValueError(f"{problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+                             + "; fix or remove the file (scripts/rec_info.py DATA --check lists every bad one), "
+                             "or set skip_bad_images = True to train without such images")
+        for problem in problems:
+            job.logger.warning("step %d: skipped a sample that cannot be read (skip_bad_images): %s", state.step,
+                               problem)
     if not bad:
         state.nonfinite_in_row = 0
         inv_scale = 1.0 / job.scaler.scale
@@ -150,7 +159,9 @@ def train(job: Job, state: TrainState) -> None:
         job.loader.set_epoch(state.epoch, start_step=state.step_in_epoch * cfg.gradient_acc)
         batches = iter(job.loader)
         while state.step_in_epoch < d.steps_per_epoch and state.step < d.total_steps:
-            progress_log.add(optimizer_step(job, state, [next(batches) for _ in range(cfg.gradient_acc)]))
+            micro_batches = [next(batches) for _ in range(cfg.gradient_acc)]
+            bad_samples = job.loader.take_problems() if hasattr(job.loader, "take_problems") else []
+            progress_log.add(optimizer_step(job, state, micro_batches, bad_samples))
             state.step += 1
             state.step_in_epoch += 1
             epoch_end = state.step_in_epoch == d.steps_per_epoch

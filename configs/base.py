@@ -114,6 +114,9 @@ config.gradient_acc = 1
 config.clip_grad_norm = 5.0
 # Stop the job after this many optimizer steps in a row skipped for a non-finite loss or gradient; >= 1.
 config.max_nonfinite_steps = 10
+# An image that cannot be read or decoded stops the run with one line naming it (False), or is left out of its
+# batch and listed in the log (True).
+config.skip_bad_images = False
 
 # ---------------------------------------------------------------- fine-tuning (docs/finetuning.md)
 # The backbone's learning rate as a multiple of the head's (the schedule's lr): a backbone that starts from

@@ -107,7 +107,9 @@ def _read_per_sample(dataset: Dataset, indices: Sequence[int], flips: Sequence[b
 
 
 class _BatchView(Dataset):
-    """What a worker calls: ``view[(indices, flips)]`` -> ``(uint8 (B, 3, H, W), labels (B,))``, flipped."""
+    """What a worker calls: ``view[(indices, flips)]`` -> ``(uint8 (B', 3, H, W), labels (B',), problems)``,
+    flipped: a sample that cannot be read or decoded is left out (``B' < B``) and ``problems`` has one line for it,
+    naming its file (the trainer decides whether that stops the run)."""
 
     def __init__(self, dataset: Dataset):
         self.dataset = dataset
@@ -116,9 +118,25 @@ class _BatchView(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, item: tuple[Sequence[int], Sequence[bool]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def __getitem__(self, item: tuple[Sequence[int], Sequence[bool]]) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
         indices, flips = item
-        return self.read(indices, flips)
+        try:
+            images, labels = self.read(indices, flips)
+            return images, labels, []
+        except (ValueError, OSError):
+            pass  # a bad sample: read them one by one to leave out exactly the bad ones
+        good: list[tuple[torch.Tensor, torch.Tensor]] = []
+        problems: list[str] = []
+        for index, flip in zip(indices, flips):
+            try:
+                good.append(self.read([index], [flip]))
+            except (ValueError, OSError) as exc:
+                problems.append(str(exc) if isinstance(exc, ValueError) else f"sample {index}: {exc}")
+        if not good:
+            size = getattr(self.dataset, "image_size", (112, 112))
+            return torch.empty((0, 3, *size), dtype=torch.uint8), torch.empty(0, dtype=torch.int64), problems
+        images = torch.cat([g[0] for g in good]).contiguous(memory_format=torch.channels_last)  # (B', 3, H, W)
+        return images, torch.cat([g[1] for g in good]), problems
 
 
 def _worker_init(worker_id: int) -> None:
@@ -134,12 +152,15 @@ class FaceDataLoader:
     """Iterates ``(images float32 (B, 3, H, W) normalised, labels int64 (B,))`` on ``device``.
 
     ``len()`` is the number of batches in a full epoch (equal on every rank); after
-    ``set_epoch(epoch, start_step)`` iteration yields batches ``start_step .. len() - 1`` of that epoch.
+    ``set_epoch(epoch, start_step)`` iteration yields batches ``start_step .. len() - 1`` of that epoch. A sample
+    that cannot be read or decoded is left out of its batch, and ``take_problems()`` returns one line per such
+    sample since the last call (the trainer stops the run, or skips them with ``skip_bad_images``).
     """
 
     def __init__(self, dataset: Dataset, batch_size: int, *, rank: int, world_size: int, seed: int,
                  num_workers: int, device: torch.device | str, drop_last: bool = True):
         self.dataset, self.device = dataset, torch.device(device)
+        self.problems: list[str] = []
         self.sampler = FaceSampler(len(dataset), batch_size, rank, world_size, seed, drop_last)
         cuda = self.device.type == "cuda"
         self._loader = DataLoader(
@@ -159,11 +180,17 @@ class FaceDataLoader:
         """Select the epoch (reshuffle) and the batch to start from."""
         self.sampler.set_epoch(epoch, start_step)
 
+    def take_problems(self) -> list[str]:
+        """The samples left out of the batches yielded since the last call, a line each naming the file."""
+        problems, self.problems = self.problems, []
+        return problems
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self.device.type == "cuda":
             yield from self._iter_cuda()
             return
-        for images, labels in self._loader:  # (B, 3, H, W) uint8 channels-last, (B,) int64
+        for images, labels, problems in self._loader:  # (B, 3, H, W) uint8 channels-last, (B,) int64, [str]
+            self.problems += problems
             yield normalise(images.to(self.device)), labels.to(self.device)  # (B, 3, H, W) float32 contiguous
 
     def _iter_cuda(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -173,20 +200,21 @@ class FaceDataLoader:
 
         def load():
             try:
-                images, labels = next(batches)  # pinned (B, 3, H, W) uint8 channels-last, (B,) int64
+                images, labels, problems = next(batches)  # pinned (B, 3, H, W) uint8 channels-last, (B,) int64
             except StopIteration:
                 return None
             with torch.cuda.stream(stream):
                 # .to keeps the channels-last strides (a plain copy); normalise transposes on the device.
                 images = normalise(images.to(self.device, non_blocking=True))  # (B, 3, H, W) float32
                 labels = labels.to(self.device, non_blocking=True)  # (B,)
-            return images, labels
+            return images, labels, problems
 
         nxt = load()
         while nxt is not None:
             current = torch.cuda.current_stream(self.device)
             current.wait_stream(stream)
-            images, labels = nxt
+            images, labels, problems = nxt
+            self.problems += problems  # this batch's, not the next one's, which is being loaded already
             # The tensors were allocated on the side stream; tell the allocator the main stream uses them.
             images.record_stream(current)
             labels.record_stream(current)

@@ -308,6 +308,25 @@ def test_read_batch_names_the_bad_record(tmp_path):
         ds.read_batch([0, 2, 1], [False, True, False])
 
 
+@pytest.mark.timeout(60)
+def test_the_loader_leaves_out_a_bad_image_and_names_it(tmp_path):
+    """A record that does not decode is left out of its batch, the others keep their order, and take_problems()
+    names it once (with workers too); the trainer then stops the run, or skips it with skip_bad_images."""
+    images = [_jpeg(i) for i in range(8)]
+    images[5] = b"\xff\xd8not a jpeg"
+    ds = MXFaceDataset(_im2rec(tmp_path, [i % 4 for i in range(8)], images=images))
+    for workers in (0, 2):
+        loader = get_dataloader(ds, 4, rank=0, world_size=1, seed=0, num_workers=workers, device="cpu")
+        loader.set_epoch(0)
+        seen, problems = [], []
+        for batch, labels in loader:
+            seen.append(len(labels))
+            problems += loader.take_problems()
+        assert sorted(seen) == [3, 4] and sum(seen) == 7, seen
+        assert len(problems) == 1 and "train.rec (key 5): cannot decode image" in problems[0], problems
+        assert loader.take_problems() == []
+
+
 def test_sampler_batches_cut_the_samples_in_order():
     for drop_last, last in ((True, 5), (False, 1)):  # 47 on 3 ranks: 15 or 16 samples per rank, batches of 5
         s = FaceSampler(47, 5, 1, 3, seed=2, drop_last=drop_last)

@@ -80,7 +80,7 @@ FINGERPRINT_EXCLUDED = frozenset({
 # started with power-2 decay continues with `--set lr_power=2`); any other value changes the fingerprint.
 FINGERPRINT_LEGACY = {"lr_power": 2.0, "dali_aug": False, "margin": "combined", "adaface_m": 0.4, "adaface_h": 0.333,
                       "adaface_t_alpha": 0.01, "sub_centers": 1, "head_update": "sampled", "backbone_lr_scale": 1.0,
-                      "freeze_bn": False, "freeze_stages": 0, "head_warmup_steps": 0}
+                      "freeze_bn": False, "freeze_stages": 0, "head_warmup_steps": 0, "skip_bad_images": False}
 
 _TRUE = frozenset({"true", "1", "yes", "y", "on"})
 _FALSE = frozenset({"false", "0", "no", "n", "off"})

@@ -33,7 +33,7 @@ from torch import Tensor
 
 __all__ = [
     "EarlyGradient", "all_gather_cat", "all_gather_sizes", "all_reduce", "barrier", "broadcast_ints",
-    "collective_device", "get_rank", "get_world_size", "init_process_group", "is_distributed",
+    "collective_device", "gather_lines", "get_rank", "get_world_size", "init_process_group", "is_distributed",
     "pick_device", "to_host", "wrap_ddp",
 ]
 
@@ -136,6 +136,16 @@ def all_reduce(tensor: Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) 
     if get_world_size() > 1:
         dist.all_reduce(tensor, op=op)
     return tensor
+
+
+def gather_lines(lines: list[str]) -> list[str]:
+    """Every rank's ``lines``, in rank order, on every rank (a few messages, e.g. the files a rank could not
+    read; pickled by torch.distributed between this job's own processes). ``lines`` itself without a group."""
+    if get_world_size() == 1:
+        return list(lines)
+    gathered: list[list[str] | None] = [None] * get_world_size()
+    dist.all_gather_object(gathered, list(lines))
+    return [line for rank_lines in gathered for line in (rank_lines or [])]
 
 
 def broadcast_ints(values: Sequence[int], device: torch.device | str) -> list[int]:

@@ -14,11 +14,12 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import pytest
 import torch
 from torchvision.io import encode_jpeg
 
-from tests.helpers import ROOT, train
+from tests.helpers import ROOT, subprocess_env, train
 from dataset import MXFaceDataset
 from scripts.rec_info import main as rec_info_main
 from scripts.rec_info import rec_info
@@ -171,3 +172,47 @@ def test_rec_info_check_finds_every_defect_in_one_pass(tmp_path):
                    r"1 index offsets are past the end .*\(99, 123456789\)"):
         assert re.search(needle, proc.stderr), f"{needle!r} not in:\n{proc.stderr}"
     assert "5 problems:" in proc.stderr, proc.stderr
+
+
+def _folder_with_bad_images(root):
+    from tests.reliability.test_day_two import faces
+
+    faces(root, identities=8, per_identity=4)
+    good = (root / "id3" / "0.jpg").read_bytes()
+    (root / "id3" / "4.jpg").write_bytes(good[: len(good) // 3])  # truncated
+    (root / "id6" / "4.jpg").write_bytes(np.random.default_rng(0).bytes(2000))  # random bytes
+    return root
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_a_bad_image_under_torchrun_stops_every_rank_with_one_line_naming_it(tmp_path):
+    """`torchrun --nproc_per_node=2 train.py configs/debug_cpu --set rec=FOLDER num_image=none num_classes=none`
+    on a folder with a truncated JPEG and a file of random bytes: whichever rank meets one, every rank stops at
+    that step with exit code 2 and the one line naming the file, in the console and in training.log; no gloo
+    error. With skip_bad_images = True the run trains without them and lists them."""
+    from tests.helpers import torchrun_command
+
+    root = _folder_with_bad_images(tmp_path / "faces")
+    output = tmp_path / "out"
+    cmd = [*torchrun_command(2), "train.py", "configs/debug_cpu", "--set", f"rec={root}", "num_image=none",
+           "num_classes=none", f"output={output}", "batch_size=4", "max_steps=8", "val_targets=", "frequent=1"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=180)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0, text[-3000:]
+    assert "Connection closed" not in text and "RuntimeError" not in text and "[rank" not in text, text[-3000:]
+    codes = set(re.findall(r"exitcode\s*:\s*(-?\d+)", text))  # torchrun's lines about its workers
+    assert codes <= {"2"}, (codes, text[-3000:])
+    errors = [line for line in (output / "training.log").read_text().splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "cannot decode image" in errors[0], errors
+    assert ("id3/4.jpg" in errors[0] or "id6/4.jpg" in errors[0]) and "skip_bad_images = True" in errors[0]
+    assert errors[0].split(" ERROR ", 1)[1] in proc.stderr  # the console has the same line
+
+    skipped = tmp_path / "skipped"
+    cmd = [arg.replace(str(output), str(skipped)) for arg in cmd] + ["skip_bad_images=true", "max_steps=16"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    log = (skipped / "training.log").read_text()
+    assert "step 16/16" in log
+    listed = [line for line in log.splitlines() if "skipped a sample that cannot be read (skip_bad_images)" in line]
+    assert any("id3/4.jpg" in line for line in listed) and any("id6/4.jpg" in line for line in listed), listed
