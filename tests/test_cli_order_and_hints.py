@@ -43,3 +43,32 @@ def test_every_common_name_points_at_a_key():
     keys = set(load_config(CONFIG))
     assert not {name: key for name, key in COMMON_NAMES.items() if key not in keys}
     assert not keys & set(COMMON_NAMES)  # a name that is one of our keys would never be suggested
+
+
+@pytest.mark.slow
+def test_readme_s_image_folder_example_trains_on_two_ranks(tmp_path):
+    """README's three lines for a folder of identity folders: copy configs/image_folder_r50.py and set its rec,
+    check the folder, torchrun on 2 ranks. The tiny network and 4 steps (--set) keep it short on a CPU."""
+    from tests.helpers import torchrun_command
+    from tests.reliability.test_day_two import faces
+
+    readme = (ROOT / "README.md").read_text()
+    assert "cp configs/image_folder_r50.py configs/my_faces.py" in readme
+    assert "torchrun --nproc_per_node=2 train.py configs/my_faces" in readme
+    folder = faces(tmp_path / "faces", identities=6, per_identity=4)
+    config = tmp_path / "my_faces.py"
+    text = (ROOT / "configs" / "image_folder_r50.py").read_text()
+    assert 'config.rec = "/data/faces"' in text
+    config.write_text(text.replace('config.rec = "/data/faces"', f'config.rec = "{folder}"'))
+    check = subprocess.run([sys.executable, "scripts/rec_info.py", str(folder), "--check"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=100)
+    assert check.returncode == 0 and "check passed" in check.stdout, check.stderr
+    output = tmp_path / "run"
+    proc = subprocess.run([*torchrun_command(2), "train.py", str(config), "--set", f"output={output}",
+                           "network=tiny", "network_kwargs={'widths': (4, 8, 8, 16)}", "embedding_size=16",
+                           "batch_size=4", "max_steps=4", "warmup_epoch=0", "device=cpu", "num_workers=0"],
+                          cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    log = (output / "training.log").read_text()
+    assert f"data {folder}: num_classes = 6 (from the dataset), num_image = 24 (from the dataset)" in log
+    assert "step 4/4" in log

@@ -102,7 +102,7 @@ EXPRESSED_AS = {
 }
 # Backbones another branch is adding; a recipe may name them until they are registered.
 # Shipped configs that are not arcface_torch recipes.
-OURS = {"debug_cpu", "demo_cpu", "demo_cpu_adaface", "finetune_example"}
+OURS = {"debug_cpu", "demo_cpu", "demo_cpu_adaface", "finetune_example", "image_folder_r50"}
 
 
 def published(name: str) -> dict:
