@@ -483,8 +483,8 @@ def plan_start(output: str | os.PathLike, resume: bool | str, auto_resume: bool,
     latest = existing[-1] if existing else None
     if resume and latest is None:
         foreign = sorted(Path(output).glob("checkpoint_gpu_*.pt"))
-        hint = (f"; {foreign[0].name} is arcface_torch's checkpoint, which cannot be continued here (its class "
-                f"centres, optimizer and schedule are laid out for its trainer): start from its backbone with "
+        hint = (f"; {foreign[0].name} is arcface_torch's checkpoint: continue its run with python "
+                f"scripts/import_arcface.py {output} CONFIG (docs/migrating.md), or start from its backbone with "
                 f"init_backbone={foreign[0]} in another `output`") if foreign else ""
         raise ValueError(f"resume = True but {checkpoint_root(output)} holds no complete checkpoint{hint}; "
                          f"check `output`, or leave resume = False to start (auto_resume continues when there is one)")
