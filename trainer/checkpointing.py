@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -21,6 +22,7 @@ class Trainer(Protocol):
     """What ``save_training_state`` and ``restore_training_state`` use of the trainer's ``Job``."""
 
     cfg: Any
+    derived: Any  # utils.config.Derived: warmup_steps, total_steps
     rank: int
     world_size: int
     backbone: torch.nn.Module
@@ -80,15 +82,36 @@ def resume(job: Trainer, steps_per_epoch: int, logger: logging.Logger) -> TrainS
     barrier()
     if start is None:
         return TrainState()
-    if warning:
-        logger.warning("%s", warning)
     state, saved_world = restore_training_state(job, start, steps_per_epoch)
+    if warning:
+        state, rule = continue_schedule(job, state, load_common(start, mmap=True))
+        logger.warning("%s%s", warning, rule)
     if saved_world != job.world_size:
         logger.info("world size changed %d -> %d: head re-partitioned, random streams re-seeded", saved_world,
                     job.world_size)
     logger.info("resumed from %s at step %d (epoch %d, step %d in epoch)", start, state.step, state.epoch,
                 state.step_in_epoch)
     return state
+
+
+SCHEDULE_KEYS = ("lr", "max_steps", "num_epoch", "warmup_epoch", "lr_power")
+
+
+def continue_schedule(job: Trainer, state: TrainState, common: dict[str, Any]) -> tuple[TrainState, str]:
+    """The state of a run resumed with a changed schedule key, and the rule it follows, for the warning.
+
+    Past the new warm-up, the learning rate does not restart the new curve at the resume step: it goes on from
+    the one the saved run had reached (times new lr / old lr when ``lr`` changed) and decays to zero at the new
+    end with the new power (``utils.lr_scheduler.continued_lr``); the state records where, so later resumes
+    follow the same curve. Inside the new warm-up, the new schedule applies as it is."""
+    cfg, d = job.cfg, job.derived
+    saved = common["config"]
+    if all(saved.get(key) == cfg[key] for key in SCHEDULE_KEYS) or state.step < d.warmup_steps:
+        return state, ""
+    lr = float(common["lr"]) * cfg.lr / float(saved["lr"]) if saved.get("lr") else float(common["lr"])
+    state = replace(state, schedule_from_step=state.step, schedule_from_lr=lr)
+    return state, (f"; the learning rate goes on from {lr:.6g} at step {state.step} and decays to 0 at step "
+                   f"{d.total_steps} (lr_power {cfg.lr_power:g}) instead of restarting the new schedule")
 
 
 def save_training_state(job: Trainer, state: TrainState) -> Path:

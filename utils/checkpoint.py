@@ -80,6 +80,8 @@ class TrainState:
 
     ``step``: optimizer steps taken (skipped non-finite steps count: their batches were consumed). The data
     position is ``(epoch, step_in_epoch)``: the next batch to read is number ``step_in_epoch`` of ``epoch``.
+    ``schedule_from_step`` and ``schedule_from_lr``: where a resume changed the schedule, and the learning rate
+    the run had there (``utils.lr_scheduler.continued_lr``); -1 while the run follows its configured curve.
     """
 
     step: int = 0
@@ -87,6 +89,8 @@ class TrainState:
     step_in_epoch: int = 0
     nonfinite_in_row: int = 0
     skipped_steps: int = 0
+    schedule_from_step: int = -1
+    schedule_from_lr: float = 0.0
 
 
 def make_common(*, state: TrainState, lr: float, backbone: Mapping[str, torch.Tensor],
