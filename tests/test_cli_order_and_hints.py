@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -72,3 +73,15 @@ def test_readme_s_image_folder_example_trains_on_two_ranks(tmp_path):
     log = (output / "training.log").read_text()
     assert f"data {folder}: num_classes = 6 (from the dataset), num_image = 24 (from the dataset)" in log
     assert "step 4/4" in log
+
+
+def test_readme_says_how_to_use_the_environment_right_after_the_two_commands():
+    """After `make demo`, a plain `torchrun` is not on the PATH: README's next paragraph says to activate .venv or
+    call its programs by path, and those programs are there (the suite runs in that environment)."""
+    readme = (ROOT / "README.md").read_text()
+    two, env = readme.index("## Two commands"), readme.index("**Using the environment.**")
+    assert two < env < readme.index("**`make demo`**")
+    assert "source .venv/bin/activate" in readme and ".venv/bin/torchrun --nproc_per_node=2 train.py" in readme
+    bin_dir = Path(sys.executable).parent
+    proc = subprocess.run([str(bin_dir / "torchrun"), "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "nproc" in proc.stdout, proc.stderr
