@@ -116,6 +116,19 @@ def read_model_card(path: str | os.PathLike) -> Architecture:
                         _card_value(card, path, "embedding_size", int), path)
 
 
+def card_with_thresholds(card: Path) -> dict[str, Any]:
+    """The JSON object in the model card ``card``, whose ``THRESHOLDS_KEY`` (when present) is an object:
+    ``{target: {"cosine", ...}}`` as ``eval.verify --save-threshold`` writes it; ``ValueError`` naming the card when
+    it cannot be read or is not such an object."""
+    try:
+        content = json.loads(card.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{card}: not a readable model card ({exc})") from None
+    if not isinstance(content, dict) or not isinstance(content.get(THRESHOLDS_KEY, {}), dict):
+        raise ValueError(f"{card}: expected a JSON object whose {THRESHOLDS_KEY!r} is an object")
+    return content
+
+
 def card_beside(weights: str | os.PathLike) -> Path:
     """Where the model card of ``weights`` is: ``model.json`` in the same folder."""
     return Path(weights).with_name(MODEL_CARD)

@@ -41,8 +41,8 @@ from typing import Any, Sequence
 from tqdm import tqdm
 
 from dataset.verification_set import BadBinError, RefusedGlobal, load_bin
-from eval.model_source import (THRESHOLDS_KEY, add_model_options, build_backbone, card_beside, check_model_options,
-                               onnx_file, weights_file)
+from eval.model_source import (THRESHOLDS_KEY, add_model_options, build_backbone, card_beside, card_with_thresholds,
+                               check_model_options, onnx_file, weights_file)
 from eval.plots import write_roc_curves
 from eval.verification import format_table, test
 from utils.files import atomic_write, unopenable_files
@@ -141,15 +141,11 @@ def threshold_card(args: argparse.Namespace) -> Path:
 
 
 def _card_content(card: Path) -> dict[str, Any]:
-    """The JSON object in ``card``; ``ValueError`` naming it when it is not one, or its thresholds are no object."""
+    """``card_with_thresholds(card)``, its error saying that the thresholds cannot be written."""
     try:
-        content = json.loads(card.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{card}: not a readable model card ({exc}); --save-threshold cannot write into it") from None
-    if not isinstance(content, dict) or not isinstance(content.get(THRESHOLDS_KEY, {}), dict):
-        raise ValueError(f"{card}: expected a JSON object whose {THRESHOLDS_KEY!r} is an object; --save-threshold "
-                         f"cannot write into it")
-    return content
+        return card_with_thresholds(card)
+    except ValueError as exc:
+        raise ValueError(f"{exc}; --save-threshold cannot write into it") from None
 
 
 def threshold_entry(result: dict[str, Any], path: Path, precision: str) -> dict[str, Any]:

@@ -35,7 +35,6 @@ the command that installs it), no ``--network`` and no ``model.json``, weights t
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +48,7 @@ import torch  # noqa: E402
 from alignment import DetectorUnavailable, FaceDetector, align_photo, read_photo  # noqa: E402
 from dataset.images import resize  # noqa: E402
 from eval.model_source import (INPUT_SIZE, THRESHOLDS_KEY, add_model_options, build_backbone,  # noqa: E402
-                               card_beside, check_model_options, onnx_file, weights_file)
+                               card_beside, card_with_thresholds, check_model_options, onnx_file, weights_file)
 from eval.verification import embed  # noqa: E402
 from utils.logging_setup import print_tool_error  # noqa: E402
 
@@ -96,13 +95,7 @@ def calibrated(card: Path, target: str | None) -> tuple[str, dict[str, Any]] | N
     """``(target, entry)`` of the threshold ``card`` holds for ``target`` (None: its first); None when it holds
     none and no ``target`` is asked for. ``ValueError`` naming the card for one that cannot be read, or that
     lacks ``target``."""
-    try:
-        content = json.loads(card.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{card}: not a readable model card ({exc})") from None
-    thresholds = content.get(THRESHOLDS_KEY, {}) if isinstance(content, dict) else None
-    if not isinstance(thresholds, dict):
-        raise ValueError(f"{card}: expected a JSON object whose {THRESHOLDS_KEY!r} is an object")
+    thresholds = card_with_thresholds(card).get(THRESHOLDS_KEY, {})
     if target is None:
         return next(iter(thresholds.items()), None)
     if target not in thresholds:
