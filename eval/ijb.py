@@ -21,7 +21,7 @@ from typing import Sequence
 from eval.ijb_protocol import evaluate_ijb
 from eval.model_source import add_model_options, build_backbone, check_model_options
 from eval.plots import write_roc_curves
-from utils.logging_setup import print_tool_error
+from utils.cli import print_error
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -58,8 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              log_fpr=True)
     except (OSError, ValueError) as exc:  # a bad file names itself; a traceback would only hide it
         # An image that fails in a loader worker comes back with the worker's traceback in its message:
-        # print_tool_error prints the original error's line.
-        print_tool_error("eval.ijb", exc)
+        # print_error prints the original error's line.
+        print_error("eval.ijb", exc)
         return 2
     return 0
 

@@ -46,7 +46,7 @@ from eval.model_source import (THRESHOLDS_KEY, add_model_options, build_backbone
 from eval.plots import write_roc_curves
 from eval.verification import format_table, test
 from utils.files import atomic_write, unopenable_files
-from utils.logging_setup import print_tool_error
+from utils.cli import print_error
 
 # Keys of test()'s result written to --json (the ROC arrays go to --roc instead).
 JSON_KEYS = ("pairs", "acc", "acc_std", "acc_noflip", "val", "val_std", "far", "xnorm", "threshold")
@@ -171,12 +171,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         run(args)
     except (BadBinError, RefusedGlobal) as exc:
         # Bad data: say which file and what is wrong in one line; a traceback would only hide it.
-        print_tool_error("eval.verify", exc)
+        print_error("eval.verify", exc)
         return 1
     except (OSError, ValueError) as exc:
         # The command or its configuration was wrong (a missing file, weights for another network, an output
         # path that cannot be written).
-        print_tool_error("eval.verify", exc)
+        print_error("eval.verify", exc)
         return 2
     return 0
 

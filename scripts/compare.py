@@ -50,7 +50,7 @@ from dataset.images import resize  # noqa: E402
 from eval.model_source import (INPUT_SIZE, THRESHOLDS_KEY, add_model_options, build_backbone,  # noqa: E402
                                card_beside, card_with_thresholds, check_model_options, onnx_file, weights_file)
 from eval.verification import embed  # noqa: E402
-from utils.logging_setup import print_tool_error  # noqa: E402
+from utils.cli import print_error  # noqa: E402
 
 TOOL = "compare"
 CALIBRATE = "python -m eval.verify {model} --data-dir DIR --targets lfw --save-threshold"
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError, DetectorUnavailable) as exc:
         # ValueError: alignment's PhotoError too (no face, a photo that cannot be read); DetectorUnavailable: its
         # message is the command that installs facenet-pytorch.
-        print_tool_error(TOOL, exc)
+        print_error(TOOL, exc)
         return 2
     print(f"{args.first} ~ {args.second}: cosine similarity {similarity:.4f}")
     if threshold.value is None:

@@ -61,7 +61,7 @@ from utils.checkpoint import (MODEL_CARD, TrainState, archive, list_checkpoints,
                               save_checkpoint, step_dir)
 from utils.config import Config, check_paths, data_identity, derive, fingerprint, load_config  # noqa: E402
 from utils.files import atomic_write, load_state_dict, load_tensors, load_weights, save_atomic  # noqa: E402
-from utils.logging_setup import print_tool_error  # noqa: E402
+from utils.cli import print_error  # noqa: E402
 from utils.lr_scheduler import lr_at  # noqa: E402
 from utils.precision import LossScaler  # noqa: E402
 
@@ -481,10 +481,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = import_run(args.source, args.config, args.overrides, args.archive, args.allow_changes)
     except BadData as exc:
-        print_tool_error(TOOL, exc)
+        print_error(TOOL, exc)
         return 1
     except (ValueError, OSError) as exc:  # OSError: a config or an output that cannot be read or written
-        print_tool_error(TOOL, exc)
+        print_error(TOOL, exc)
         return 2
     print(summary)
     return 0

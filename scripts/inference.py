@@ -38,7 +38,7 @@ from alignment import DetectorUnavailable, FaceDetector, align_photo  # noqa: E4
 from dataset.images import decode, normalise, resize  # noqa: E402
 from eval.model_source import INPUT_SIZE, add_model_options, build_backbone, check_model_options  # noqa: E402
 from utils.files import path_problem  # noqa: E402
-from utils.logging_setup import print_tool_error  # noqa: E402
+from utils.cli import print_error  # noqa: E402
 
 
 def read_face(path: str | Path, image_size: tuple[int, int] = INPUT_SIZE) -> torch.Tensor:
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError, DetectorUnavailable) as exc:
         # OSError: an --output that cannot be written; ValueError: alignment's PhotoError too (no face, a photo
         # that cannot be read); DetectorUnavailable: its message is the command that installs facenet-pytorch.
-        print_tool_error("inference", exc)
+        print_error("inference", exc)
         return 2
     return 0
 

@@ -27,7 +27,7 @@ from tqdm import tqdm  # noqa: E402
 from dataset.images import decode  # noqa: E402
 from dataset.verification_set import save_bin  # noqa: E402
 from utils.files import path_problem  # noqa: E402
-from utils.logging_setup import print_tool_error  # noqa: E402
+from utils.cli import print_error  # noqa: E402
 
 
 def read_pairs(pairs_file: Path, root: Path) -> list[tuple[Path, Path, bool]]:
@@ -92,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         save_bin(args.out, [data[p] for a, b, _ in pairs for p in (a, b)], [same for _, _, same in pairs])
     except (ValueError, OSError) as exc:  # OSError: an --out that cannot be written
-        print_tool_error("make_bin", exc)
+        print_error("make_bin", exc)
         return 2
     print(f"wrote {args.out}: {len(pairs)} pairs ({sum(s for *_, s in pairs)} same)")
     return 0

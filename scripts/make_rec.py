@@ -51,7 +51,7 @@ from tqdm import tqdm  # noqa: E402
 from dataset.images import IMAGE_EXTENSIONS, decode  # noqa: E402
 from dataset.recordio import write_insightface_rec  # noqa: E402
 from utils.files import path_problem  # noqa: E402
-from utils.logging_setup import print_tool_error  # noqa: E402
+from utils.cli import print_error  # noqa: E402
 
 OUTPUT_FILES = ("train.rec", "train.idx", "property")
 
@@ -315,10 +315,10 @@ def main(argv: list[str] | None = None) -> int:
         source = list_image_folder(args.images) if args.images else read_list_file(args.list, args.root)
         report = make_rec(source, args.out, args.num_classes, tuple(args.image_size), args.skip_bad)
     except BadData as exc:
-        print_tool_error("make_rec", exc)
+        print_error("make_rec", exc)
         return 1
     except (ValueError, OSError) as exc:  # OSError: a missing input, an --out that cannot be written
-        print_tool_error("make_rec", exc)
+        print_error("make_rec", exc)
         return 2
     except KeyboardInterrupt:  # the staging folder is already gone; a traceback would add nothing
         print("make_rec: interrupted; nothing written", file=sys.stderr)

@@ -20,7 +20,7 @@ import os  # noqa: E402
 import time  # noqa: E402
 
 from dataset import synthetic_faces  # noqa: E402
-from utils.logging_setup import print_tool_error  # noqa: E402
+from utils.cli import print_error  # noqa: E402
 
 logger = logging.getLogger("make_synthetic")
 
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
             synthetic_faces.preview_grid(args.preview, seed=args.seed)
             logger.info("preview written to %s", args.preview)
     except (ValueError, OSError) as exc:  # OSError: an --out or --preview that cannot be written
-        print_tool_error("make_synthetic", exc)
+        print_error("make_synthetic", exc)
         return 2
     if wrote:
         logger.info("synthetic dataset written to %s in %.1f s", args.out, time.perf_counter() - start)

@@ -80,7 +80,7 @@ from eval.verification import embed  # noqa: E402
 from partial_fc.checkpoint import load_head_rows  # noqa: E402
 from utils.checkpoint import MANIFEST, find_latest, head_file, read_manifest  # noqa: E402
 from utils.files import atomic_write, fsync_dir, load_tensors, path_problem, unopenable_files  # noqa: E402
-from utils.logging_setup import print_tool_error  # noqa: E402
+from utils.cli import print_error  # noqa: E402
 
 TOOL = "overlap"
 # Similarities computed at once: a block of test images x classes holds at most this many (64 MiB of float32).
@@ -470,10 +470,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         run(args)
     except (BadBinError, RefusedGlobal, BadData) as exc:
-        print_tool_error(TOOL, exc)
+        print_error(TOOL, exc)
         return 1
     except (OSError, ValueError) as exc:
-        print_tool_error(TOOL, exc)
+        print_error(TOOL, exc)
         return 2
     except KeyboardInterrupt:  # a --drop staging folder is already gone; a traceback would add nothing
         print(f"{TOOL}: interrupted" + (f"; {args.drop} not written" if args.drop is not None else ""),

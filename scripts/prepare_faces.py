@@ -72,7 +72,7 @@ from alignment import (DetectorUnavailable, Face, FaceDetector, PhotoError, alig
 from dataset.recordio import write_insightface_rec  # noqa: E402
 from dataset.verification_set import save_bin  # noqa: E402
 from utils.files import atomic_write, fsync_dir, load_tensors  # noqa: E402
-from utils.logging_setup import print_tool_error  # noqa: E402
+from utils.cli import print_error  # noqa: E402
 
 TOOL = "prepare_faces"
 STAMP = "prepare_faces.json"
@@ -738,10 +738,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         summary = pack(args.out, photos, work.load(), args.holdout, args.pairs, args.seed,
                        {**stamp, "holdout": args.holdout, "pairs": args.pairs, "seed": args.seed})
     except (DetectorUnavailable, BadData) as exc:
-        print_tool_error(TOOL, exc)
+        print_error(TOOL, exc)
         return 1
     except (ValueError, OSError) as exc:  # UsageError; OSError: an OUT_DIR that cannot be written
-        print_tool_error(TOOL, exc)
+        print_error(TOOL, exc)
         return 2
     except (KeyboardInterrupt, SystemExit) as exc:
         code = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 128 + signal.SIGINT

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dataset.faces import ImageFolderDataset  # noqa: E402
 from dataset.images import IMAGE_EXTENSIONS, decode  # noqa: E402
 from dataset.recordio import check_records, open_rec_folder  # noqa: E402
-from utils.logging_setup import print_tool_error  # noqa: E402
+from utils.cli import print_error  # noqa: E402
 
 IMAGE_SIZE = (112, 112)  # (H, W) training feeds
 
@@ -120,10 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         info = rec_info(args.root, args.check)
     except FileNotFoundError as exc:
-        print_tool_error("rec_info", exc)
+        print_error("rec_info", exc)
         return 2
     except ValueError as exc:  # the files are there but the index is not one (RecordIOError)
-        print_tool_error("rec_info", exc)
+        print_error("rec_info", exc)
         return 1
     print(f"{args.root}: {info['layout']} layout, {info['images']} images, "
           f"num_classes={info['num_classes'] if info['num_classes'] is not None else 'unknown (no property)'}"
@@ -144,7 +144,7 @@ def _image_folder_main(args: argparse.Namespace) -> int:
     try:
         info = folder_info(args.root, args.check, args.workers, args.min_images)
     except ValueError as exc:  # no image at all
-        print_tool_error("rec_info", exc)
+        print_error("rec_info", exc)
         return 1
     print(f"{args.root}: image folder, {info['images']} images, {info['num_classes']} identities")
     if info["few"]:

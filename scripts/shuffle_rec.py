@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from dataset.recordio import IndexedRecordIO, RecordIOError, detect_layout  # noqa: E402
-from utils.logging_setup import print_tool_error  # noqa: E402
+from utils.cli import print_error  # noqa: E402
 
 
 def default_dst(src: Path) -> Path:
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         dst = default_dst(args.src) if args.dst is None else args.dst
         n = shuffle_rec(args.src, dst, args.seed)
     except (OSError, RecordIOError, ValueError, KeyError) as exc:  # OSError: a dst that cannot be a folder
-        print_tool_error("shuffle_rec", exc)
+        print_error("shuffle_rec", exc)
         return 2
     print(f"wrote {n} shuffled images to {dst}")
     return 0

@@ -32,7 +32,7 @@ import torch  # noqa: E402
 
 from eval.model_source import add_model_options, build_backbone, check_model_options, weights_file  # noqa: E402
 from utils.files import atomic_write  # noqa: E402
-from utils.logging_setup import print_tool_error  # noqa: E402
+from utils.cli import print_error  # noqa: E402
 
 ONNX_FILE = "model.onnx"  # --output's default, beside the weights, as arcface_torch's torch2onnx.py writes it
 
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         export(model, output, opset=args.opset, simplify=args.simplify)
         diff = max_difference(model, output, batch=args.batch)
     except (ValueError, OSError) as exc:  # OSError: an --output that cannot be written
-        print_tool_error("torch2onnx", exc)
+        print_error("torch2onnx", exc)
         return 2
     simplified_by = ", simplified by onnxsim" if args.simplify else ""
     print(f"wrote {output} (opset {args.opset}, dynamic batch{simplified_by}); max |torch - onnxruntime| = "

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tqdm import tqdm  # noqa: E402
 
 from dataset.recordio import IndexedRecordIO, RecordIOError, class_of, detect_layout, unpack  # noqa: E402
-from utils.logging_setup import print_tool_error  # noqa: E402
+from utils.cli import print_error  # noqa: E402
 
 
 def unpack_rec(src: Path, out: Path) -> int:
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         n = unpack_rec(args.src, args.out)
     except (OSError, RecordIOError, ValueError, KeyError) as exc:  # OSError: an out that cannot be a folder
-        print_tool_error("unpack_rec", exc)
+        print_error("unpack_rec", exc)
         return 2
     print(f"wrote {n} images to {args.out}")
     return 0

@@ -2,7 +2,7 @@
 
 ``atomic_write`` writes through ``<name>.tmp``, fsyncs, renames and fsyncs the folder: a reader sees the old
 file or the new one, never half of one, and a failed write leaves neither a partial file nor its ``.tmp``.
-``load_tensors`` reads with ``torch.load(weights_only=True)``: a file holding anything but tensors,
+``staged`` writes the files of a folder where no reader sees them half-written. ``load_tensors`` reads with ``torch.load(weights_only=True)``: a file holding anything but tensors,
 numbers, strings, lists and dicts is refused instead of run. ``load_state_dict`` / ``load_weights`` read
 backbone weights (ours or the official insightface files) with one clear error on a mismatch.
 """
@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import os
 import pickle
-from collections.abc import Callable, Iterable
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -18,7 +21,7 @@ import torch
 from torch import nn
 
 __all__ = ["atomic_write", "fsync_dir", "load_state_dict", "load_tensors", "load_weights", "path_problem",
-           "save_atomic", "unopenable_files"]
+           "save_atomic", "staged", "unopenable_files"]
 
 NOT_FOUND = "not found"  # path_problem's word for a path with nothing there
 
@@ -68,6 +71,40 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> 
         if not written:
             tmp.unlink(missing_ok=True)
     fsync_dir(path.parent)
+
+
+@contextmanager
+def staged(target: str | os.PathLike, last: Sequence[str] = ()) -> Iterator[Path]:
+    """Yield an empty staging folder; when the block ends without an error, what was written into it becomes
+    ``target``'s, and whatever ends the block (an error, Ctrl-C, SIGTERM as ``utils.cli.Terminated``) the staging
+    folder is gone.
+
+    A ``target`` that does not exist yet appears whole, by one rename of the staging folder (made beside it). Into
+    an existing folder each entry moves by one rename (an entry of the same name is replaced), those named in
+    ``last`` after the others (a stamp that says the rest is complete), so each file is old or new, never half
+    written. Either way the folder's entry is fsynced.
+    """
+    target = Path(target)
+    new = not target.exists()
+    parent = target.parent if new else target
+    parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", suffix=".tmp", dir=parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)  # as mkdir would make it: mkdtemp's 0700 would become the target's
+    try:
+        yield staging
+        if new:
+            os.rename(staging, target)
+        else:
+            names = sorted(entry.name for entry in staging.iterdir())
+            for name in [n for n in names if n not in last] + [n for n in last if n in names]:
+                if (target / name).is_dir() and not (target / name).is_symlink():
+                    shutil.rmtree(target / name)  # a folder is replaced whole
+                os.replace(staging / name, target / name)
+        fsync_dir(parent)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def save_atomic(obj: Any, path: str | os.PathLike) -> None:

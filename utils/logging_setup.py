@@ -66,11 +66,6 @@ def one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
-def print_tool_error(tool: str, exc: BaseException) -> None:
-    """How every command-line tool reports what stopped it: ``<tool>: error: <one_line(exc)>`` on stderr."""
-    print(f"{tool}: error: {one_line(exc)}", file=sys.stderr)
-
-
 class ProgressLog:
     """The trainer's progress lines: loss (running mean since the last line), LR, samples/s, grad scale, ETA,
     to the log and, on rank 0, to TensorBoard (``train/loss``, ``train/lr``, ...).

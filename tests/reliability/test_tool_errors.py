@@ -11,7 +11,7 @@ import torch
 from tests.helpers import FIXTURES, UNWRITABLE
 from scripts import make_bin, make_rec, make_synthetic, shuffle_rec, unpack_rec
 from utils.files import load_tensors
-from utils.logging_setup import print_tool_error
+from utils.cli import print_error
 
 
 def _one_line(capsys, tool: str) -> str:
@@ -105,13 +105,13 @@ class _RunsCommand:
 
 
 def test_every_tool_reports_an_error_in_one_line(capsys):
-    print_tool_error("tool", ValueError("a.bin: first line\n  second   line\n"))
+    print_error("tool", ValueError("a.bin: first line\n  second   line\n"))
     assert capsys.readouterr().err == "tool: error: a.bin: first line second line\n"
     worker = ValueError("Caught ValueError in DataLoader worker process 0.\nOriginal Traceback (most recent call "
                         "last):\n  File \"x.py\", line 1, in f\nValueError: b.png: cannot decode image\n")
-    print_tool_error("tool", worker)  # the worker's own error, not its traceback
+    print_error("tool", worker)  # the worker's own error, not its traceback
     assert capsys.readouterr().err == "tool: error: ValueError: b.png: cannot decode image\n"
-    print_tool_error("tool", KeyError())
+    print_error("tool", KeyError())
     assert capsys.readouterr().err == "tool: error: KeyError\n"
 
 

@@ -1,0 +1,79 @@
+"""What every command-line tool shares: its two kinds of mistake, its exit codes, Ctrl-C and SIGTERM.
+
+A tool's ``main(argv)`` parses its arguments (argparse exits 2 on a usage mistake) and hands the work to
+``run_tool``, which turns whatever stops the work into one line on stderr (``<tool>: error: ...``) and the exit
+status every tool documents:
+
+    0    done (or the int the work returns, e.g. 1 when a check found problems)
+    1    bad data: ``BadData``, and the error types a tool names in ``bad_data=``
+    2    usage or configuration: ``UsageError``, any other ``ValueError``, an ``OSError``
+    130  Ctrl-C;  143  SIGTERM (a scheduler, ``kill``), raised as ``Terminated`` so that it unwinds like Ctrl-C:
+         ``finally`` blocks run, so staged files (``utils.files.staged``) are removed
+
+Tools in ``scripts/`` are thin commands over library code; the library raises ``BadData`` / ``UsageError``
+(or any ``ValueError``) and never exits.
+"""
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections.abc import Callable
+
+from utils.logging_setup import one_line
+
+EXIT_DONE, EXIT_BAD_DATA, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED, EXIT_TERMINATED = 128 + signal.SIGINT, 128 + signal.SIGTERM
+
+
+class BadData(ValueError):
+    """The input data cannot serve (a bad file, inconsistent records, nothing usable): exit status 1."""
+
+
+class UsageError(ValueError):
+    """The command line or the configuration cannot work: exit status 2."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is, so that it unwinds as Ctrl-C does (exit status 143)."""
+
+
+def print_error(tool: str, exc: BaseException) -> None:
+    """``<tool>: error: <one_line(exc)>`` on stderr: how every tool reports what stopped it."""
+    print(f"{tool}: error: {one_line(exc)}", file=sys.stderr)
+
+
+def warn(tool: str, message: str) -> None:
+    """``<tool>: warning: <message>`` on stderr."""
+    print(f"{tool}: warning: {message}", file=sys.stderr)
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+def run_tool(tool: str, work: Callable[[], int | None], *, bad_data: tuple[type[BaseException], ...] = (),
+             on_interrupt: Callable[[], str] | str = "") -> int:
+    """Run ``work()`` and return the tool's exit status (module docstring). ``bad_data``: further error types
+    that mean bad data (exit 1); ``on_interrupt``: what follows ``<tool>: interrupted`` after Ctrl-C or SIGTERM
+    (e.g. ``"; nothing written"``), or a function that says it once the work has unwound. SIGTERM is turned
+    into ``Terminated`` while ``work`` runs, when called from the main thread; the previous handler is put back.
+    """
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
+    try:
+        code = work()
+        return EXIT_DONE if code is None else code
+    except (BadData, *bad_data) as exc:
+        print_error(tool, exc)
+        return EXIT_BAD_DATA
+    except (ValueError, OSError) as exc:
+        print_error(tool, exc)
+        return EXIT_USAGE
+    except KeyboardInterrupt as exc:  # what was staged is already gone; a traceback would add nothing
+        said = on_interrupt() if callable(on_interrupt) else on_interrupt
+        print(f"{tool}: interrupted{said}", file=sys.stderr)
+        return EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
