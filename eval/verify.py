@@ -41,8 +41,8 @@ from typing import Any, Sequence
 from tqdm import tqdm
 
 from dataset.verification_set import BadBinError, RefusedGlobal, load_bin
-from eval.model_source import (THRESHOLDS_KEY, add_model_options, build_backbone, card_beside, card_with_thresholds,
-                               check_model_options, onnx_file, weights_file)
+from eval.model_card import THRESHOLDS_KEY, card_beside, card_with_thresholds
+from eval.model_source import add_model_options, build_backbone, check_model_options, onnx_file, weights_file
 from eval.plots import write_roc_curves
 from eval.verification import format_table, test
 from utils.files import atomic_write, unopenable_files

@@ -47,8 +47,9 @@ import torch  # noqa: E402
 
 from alignment import DetectorUnavailable, FaceDetector, align_photo, read_photo  # noqa: E402
 from dataset.images import resize  # noqa: E402
-from eval.model_source import (INPUT_SIZE, THRESHOLDS_KEY, add_model_options, build_backbone,  # noqa: E402
-                               card_beside, card_with_thresholds, check_model_options, onnx_file, weights_file)
+from eval.model_card import INPUT_SIZE, THRESHOLDS_KEY, card_beside, card_with_thresholds  # noqa: E402
+from eval.model_source import (add_model_options, build_backbone, check_model_options, onnx_file,  # noqa: E402
+                               weights_file)
 from eval.verification import embed  # noqa: E402
 from utils.cli import print_error  # noqa: E402
 

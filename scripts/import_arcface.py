@@ -37,7 +37,6 @@ run, an ``output`` that already holds a run. Nothing is written unless every che
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 import threading
@@ -57,10 +56,11 @@ from backbones import get_model  # noqa: E402
 from dataset import build_dataset  # noqa: E402
 from losses import build_margin  # noqa: E402
 from partial_fc import PartialFC, build_optimizers, class_partition, head_shard  # noqa: E402
-from utils.checkpoint import (MODEL_CARD, TrainState, archive, list_checkpoints, make_common, model_card,  # noqa: E402
-                              save_checkpoint, step_dir)
+from eval.model_card import MODEL_CARD, model_card, write_model_card  # noqa: E402
+from utils.checkpoint import (TrainState, archive, list_checkpoints, make_common, save_checkpoint,  # noqa: E402
+                              step_dir)
 from utils.config import Config, check_paths, data_identity, derive, fingerprint, load_config  # noqa: E402
-from utils.files import atomic_write, load_state_dict, load_tensors, load_weights, save_atomic  # noqa: E402
+from utils.files import load_state_dict, load_tensors, load_weights, save_atomic  # noqa: E402
 from utils.cli import print_error  # noqa: E402
 from utils.lr_scheduler import lr_at  # noqa: E402
 from utils.precision import LossScaler  # noqa: E402
@@ -454,8 +454,8 @@ def import_run(source: Path, config: str, overrides: list[str], archive_old: boo
     output.mkdir(parents=True, exist_ok=True)
     path = write_all_ranks(output, step, world, common, heads, rngs, cfg.keep_checkpoints)
     save_atomic(model.state_dict(), output / "model.pt")
-    card = json.dumps(model_card(cfg, common["fingerprint"], step), indent=1).encode()
-    atomic_write(output / MODEL_CARD, lambda f: f.write(card))
+    write_model_card(output / MODEL_CARD, model_card(cfg.network, cfg.network_kwargs, cfg.embedding_size,
+                                                     fingerprint=common["fingerprint"], step=step))
 
     resume = "" if cfg.auto_resume and not cfg.resume else " --resume"
     sets = f" --set {' '.join(overrides)}" if overrides else ""

@@ -36,7 +36,8 @@ import torch  # noqa: E402
 
 from alignment import DetectorUnavailable, FaceDetector, align_photo  # noqa: E402
 from dataset.images import decode, normalise, resize  # noqa: E402
-from eval.model_source import INPUT_SIZE, add_model_options, build_backbone, check_model_options  # noqa: E402
+from eval.model_card import INPUT_SIZE  # noqa: E402
+from eval.model_source import add_model_options, build_backbone, check_model_options  # noqa: E402
 from utils.files import path_problem  # noqa: E402
 from utils.cli import print_error  # noqa: E402
 

@@ -262,12 +262,12 @@ def test_make_bin_file_mode_follows_the_umask(tmp_path):
 @pytest.fixture(scope="module")
 def carded(trained):
     """``trained``'s weights in a folder of their own, with the model.json the trainer writes beside them."""
-    from utils.checkpoint import MODEL_CARD, model_card
+    from eval.model_card import MODEL_CARD, model_card
 
     folder = trained / "run"
     folder.mkdir()
     (folder / "model.pt").write_bytes((trained / "model.pt").read_bytes())
-    card = model_card({"network": "tiny", "network_kwargs": TINY, "embedding_size": 16}, "0" * 16, 25)
+    card = model_card("tiny", TINY, 16, fingerprint="0" * 16, step=25)
     (folder / MODEL_CARD).write_text(json.dumps(card))
     return folder
 

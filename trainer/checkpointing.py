@@ -2,7 +2,6 @@
 manifest, the common part, one head shard and RNG state per rank, ``model.pt`` + ``model.json``)."""
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import replace
 from pathlib import Path
@@ -11,11 +10,12 @@ from typing import Any, Protocol
 import torch
 
 from partial_fc import head_shard, load_head_rows, restore_head
-from utils.checkpoint import (MODEL_CARD, TrainState, archive, check_continuation, checkpoint_root, clean_partial,
-                              load_common, load_optimizer_state, load_rng, make_common, model_card, plan_start,
+from eval.model_card import MODEL_CARD, model_card, write_model_card
+from utils.checkpoint import (TrainState, archive, check_continuation, checkpoint_root, clean_partial,
+                              load_common, load_optimizer_state, load_rng, make_common, plan_start,
                               recover_replaced, resume_position, save_checkpoint, set_rng_state, train_state_of)
 from utils.distributed import barrier
-from utils.files import atomic_write, save_atomic
+from utils.files import save_atomic
 
 
 class Trainer(Protocol):
@@ -46,8 +46,9 @@ def save_run(job: Trainer, state: TrainState, logger: logging.Logger) -> None:
     if job.rank == 0:
         # CPU tensors: a plain torch.load of model.pt on a machine without the GPU it was trained on works too.
         save_atomic({k: v.detach().cpu() for k, v in job.backbone.state_dict().items()}, job.output / "model.pt")
-        card = json.dumps(model_card(job.cfg, job.fingerprint, state.step), indent=1).encode()
-        atomic_write(job.output / MODEL_CARD, lambda f: f.write(card))
+        write_model_card(job.output / MODEL_CARD, model_card(job.cfg.network, job.cfg.network_kwargs,
+                                                             job.cfg.embedding_size, fingerprint=job.fingerprint,
+                                                             step=int(state.step)))
 
 
 def resume(job: Trainer, steps_per_epoch: int, logger: logging.Logger) -> TrainState:

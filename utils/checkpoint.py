@@ -504,22 +504,11 @@ def archive(output: str | os.PathLike, checkpoints: list[Path]) -> Path:
 
     target = Path(output) / f"archive_{time.strftime('%Y%m%d-%H%M%S')}"
     target.mkdir(parents=True, exist_ok=False)
-    for path in checkpoints + [Path(output) / n for n in ("model.pt", MODEL_CARD) if (Path(output) / n).exists()]:
+    for path in checkpoints + [Path(output) / n for n in ("model.pt", "model.json") if (Path(output) / n).exists()]:
         os.replace(path, target / path.name)
     fsync_dir(target)
     fsync_dir(Path(output))
     return target
-
-
-MODEL_CARD = "model.json"
-NORMALISATION = "RGB, (x - 127.5) / 127.5"  # what every reader of the project feeds a backbone
-
-
-def model_card(cfg: Mapping[str, Any], fingerprint: str, step: int) -> dict[str, Any]:
-    """What ``model.json`` says about ``model.pt``: everything a tool needs to rebuild and feed the network."""
-    return {"format": 1, "network": cfg["network"], "network_kwargs": dict(cfg["network_kwargs"]),
-            "embedding_size": cfg["embedding_size"], "input_size": [112, 112], "normalisation": NORMALISATION,
-            "fingerprint": fingerprint, "step": int(step)}
 
 
 _IMPLEMENTATION_KEYS = ("foreach", "fused", "capturable", "differentiable")  # how torch runs an update, not state
