@@ -24,14 +24,15 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import utils.precision
 from dataset.synthetic_faces import dataset_stamp, is_complete
 from utils.cli import run_tool
 from utils.config import load_config
 from utils.files import atomic_write
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def usable_cores() -> int:

@@ -22,11 +22,12 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import gpu_checks
 from utils.cli import run_tool
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def check(args: argparse.Namespace) -> int:
