@@ -3,6 +3,7 @@ report on a pretend GPU (every command answers at once with what the real one wr
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -30,12 +31,21 @@ SECONDS = {"pytest": 140, "train": 30, "head": 45, "backbone": 20, "backbone_com
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: make gpu-check runs for real")
 @pytest.mark.timeout(60)
 def test_without_cuda_it_says_so_in_one_line_and_exits_1(tmp_path):
-    proc = subprocess.run([sys.executable, "scripts/gpu_check.py", "--out", str(tmp_path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=50)
+    """Also without any package of NEEDED (a GPU node's bare Python): the command imports none of them before it
+    can name them."""
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text(
+        "import sys\nclass Block:\n    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name.split('.')[0] in {set(G.NEEDED)!r}:\n"
+        "            raise ModuleNotFoundError(name)\nsys.meta_path.insert(0, Block())\n")
+    env = {**os.environ, "PYTHONPATH": str(blocker), "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run([sys.executable, "scripts/gpu_check.py", "--out", str(tmp_path / "out")], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=50)
     assert proc.returncode == 1
     assert proc.stdout == "" and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "no CUDA device" in proc.stderr
-    assert not (tmp_path / "report.md").exists()
+    assert not (tmp_path / "out").exists()
 
 
 def test_missing_packages_are_named_by_their_pip_names(tmp_path, monkeypatch):
