@@ -44,8 +44,9 @@ bench: $(VENV)/.installed
 	$(PY) bench/plan.py --num-classes 29000000 --gpus 8 --sample-rate 0.1 --embedding-size 512 --batch-size 128 --json $(BENCH_OUT)/plan.json
 
 # The CUDA path on a GPU machine, with that machine's own python3 and torch (no .venv, nothing downloaded):
-# pytest -m cuda, backbone and head benchmarks, fp16/bf16 training runs; report in work_dirs/gpu_check/.
-# Missing pure-Python packages (easydict) install from wheel files: make gpu-check WHEELS=/path/to/wheels; BUDGET=420
-# gives the checks 7 minutes instead of 6
+# pytest -m cuda, backbone and head benchmarks, fp16/bf16 training runs; report in work_dirs/gpu_check/, whose last
+# line (and the exit status) says verified (0), failed (1) or not verified (3). Missing pure-Python packages
+# (easydict) and nvidia-dali install from wheel files: make gpu-check WHEELS=/path/to/wheels; BUDGET=420 gives the
+# checks 7 minutes instead of 6
 gpu-check:
 	$(PYTHON) scripts/gpu_check.py $(if $(WHEELS),--wheels $(WHEELS)) $(if $(BUDGET),--budget-s $(BUDGET))

@@ -1,15 +1,16 @@
 """Predicted Partial FC head memory per GPU (or per CPU rank), from the implementation's allocations.
 
     python bench/plan.py --num-classes 29000000 --gpus 8 --sample-rate 0.1 --embedding-size 512 \
-        --batch-size 128 [--optimizer sgd|adamw] [--dtype fp32|bf16|fp16] [--device cuda|cpu] [--json PATH]
+        --batch-size 128 [--optimizer sgd|adamw] [--dtype fp32|bf16|fp16] [--device cuda|cpu] [--compile-head] \
+        [--json PATH]
 
 The model follows what ``partial_fc/`` allocates in one training step of the eager head (``compile_head =
-False``, ``head_update = "sampled"``) with a target-only margin (ArcFace, CosFace, ``CombinedMarginLoss``
-without inter-class filtering: ``partial_fc.functions.MarginSoftmax``, whose logits are never stored) on the rank
-with the largest shard (rank 0), with ``L = num_local``, ``C = sampled rows`` (``L`` at ``sample_rate = 1``),
-``N = batch_size · gpus`` (the gathered batch), fp32 weights, and ``--dtype`` the step's autocast dtype (``fp32``:
-none; the head's products then take bf16 or fp16 operands, which are 2 bytes either way, so bf16 and fp16 allocate
-alike):
+False``; ``--compile-head``: the last item below), ``head_update = "sampled"``, with a target-only margin (ArcFace,
+CosFace, ``CombinedMarginLoss`` without inter-class filtering: ``partial_fc.functions.MarginSoftmax``, whose logits
+are never stored) on the rank with the largest shard (rank 0), with ``L = num_local``, ``C = sampled rows`` (``L``
+at ``sample_rate = 1``), ``N = batch_size · gpus`` (the gathered batch), fp32 weights, and ``--dtype`` the step's
+autocast dtype (``fp32``: none; the head's products then take bf16 or fp16 operands, which are 2 bytes either way,
+so bf16 and fp16 allocate alike):
 
 * persistent: ``weight (L, D)``; optimizer state (SGD ``momentum_buffer (L, D)``; AdamW ``exp_avg``,
   ``exp_avg_sq (L, D)`` and ``step (L,)``). Nothing else is kept between steps.
@@ -37,10 +38,14 @@ alike):
   ``(L, D)`` temporary.
 * communication: the gathered embeddings ``(N, D)`` and their normalised copy, the embedding gradient
   ``(N, D)`` and the reduce-scatter output ``(B, D)``.
+* ``--compile-head`` (config ``compile_head``): Inductor's graph of ``softmax_statistics`` materialises the logits
+  and their scattered copy as two ``(N, C)`` fp32 buffers beside the cosines and the exponentials while it runs
+  (4 blocks), and that of ``softmax_gradient`` one ``(N, C)`` buffer beside both (3 blocks).
 
 The peak is the largest of the sampling, forward, backward and optimizer phases. ``tests/test_bench.py`` checks it
 against ``bench/head.py``'s measured peak (RSS growth, ``--dtype`` for the autocast dtype) on small CPU runs: fp32
-within 5 %, bf16 and fp16 within 10 % (three shapes).
+within 5 %, bf16 and fp16 within 10 % (three shapes); ``make gpu-check`` checks the eager and the compiled head on a
+GPU (docs/gpu_check.md).
 """
 from __future__ import annotations
 
@@ -79,9 +84,10 @@ class Plan:
 
 
 def predict(num_classes: int, world_size: int, sample_rate: float, embedding_size: int, batch_size: int,
-            optimizer: str = "sgd", dtype: str = "fp32", device: str = "cuda") -> Plan:
+            optimizer: str = "sgd", dtype: str = "fp32", device: str = "cuda", compile_head: bool = False) -> Plan:
     """Predicted head memory of rank 0 (the largest shard); ``batch_size`` is per rank, ``dtype`` the autocast dtype
-    of the step (``fp32``: none), ``device`` ``cuda`` or ``cpu`` (the CPU's fp16 adds one temporary, see above)."""
+    of the step (``fp32``: none), ``device`` ``cuda`` or ``cpu`` (the CPU's fp16 adds one temporary, see above),
+    ``compile_head`` the head with ``compile = True`` (its compiled graphs' buffers, see above)."""
     if optimizer not in OPTIMIZERS or dtype not in DTYPES or device not in DEVICES:
         raise ValueError(f"bench/plan.py: optimizer={optimizer!r} dtype={dtype!r} device={device!r}; expected "
                          f"{'|'.join(OPTIMIZERS)}, {'|'.join(DTYPES)} and {'|'.join(DEVICES)}")
@@ -118,6 +124,8 @@ def predict(num_classes: int, world_size: int, sample_rate: float, embedding_siz
         backward = max(2 * block + half_block + half_rows + cast_tmp, half_block + 2 * half_rows + half_emb + grad)
     else:  # backward: the two blocks, then G (over the cosines) beside the weight gradient
         backward = max(2 * block, block + grad)
+    compiled = 2 * block if compile_head else 0  # the compiled graphs' (N, C) buffers beside the two blocks
+    forward, backward = max(forward, 2 * block + compiled), max(backward, 2 * block + compiled // 2)
     phases = {
         "sampling": persistent + sampling,
         "forward": persistent + rows + comm + vectors + forward,
@@ -128,6 +136,7 @@ def predict(num_classes: int, world_size: int, sample_rate: float, embedding_siz
         "weights": weights, "optimizer_state": state, "sampled_rows_and_grad": rows + grad,
         "logits_and_grad": 2 * block + half_block, "half_copies": 2 * half_rows + half_emb + cast_tmp,
         "communication": comm, "row_vectors": vectors, "sampling_index": sampling, "optimizer_work": opt_work,
+        "compiled_buffers": compiled,
     }
     peak = max(phases.values())
     return Plan(components, phases, peak, L * D * FP32, L, C)
@@ -145,10 +154,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="autocast dtype of the step (the trainer's fp16/bf16 keys); fp32: none")
     parser.add_argument("--device", choices=DEVICES, default="cuda",
                         help="cpu: a rank on the CPU, whose fp16 casts through one more fp32 temporary")
+    parser.add_argument("--compile-head", action="store_true", help="the head with compile_head = True")
     parser.add_argument("--json", help="write the prediction here")
     args = parser.parse_args(argv)
     plan = predict(args.num_classes, args.gpus, args.sample_rate, args.embedding_size, args.batch_size,
-                   args.optimizer, args.dtype, args.device)
+                   args.optimizer, args.dtype, args.device, args.compile_head)
     gib = float(1 << 30)
     rows = [[name, f"{value / gib:.3f}"] for name, value in plan.components.items()]
     rows += [[f"phase: {name}", f"{value / gib:.3f}"] for name, value in plan.phases.items()]

@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from dataset.recordio import write_insightface_rec
 from dataset.verification_set import save_bin
-from utils.files import atomic_write
+from utils.files import staged
 
 logger = logging.getLogger(__name__)
 
@@ -575,7 +575,9 @@ def write_dataset(out_dir: str | os.PathLike, num_classes: int = 1000, images_pe
     ``out_dir`` receives ``train.rec``/``train.idx``/``property`` (insightface layout, labels
     ``0..num_classes-1``), ``syn_easy.bin`` and ``syn_hard.bin`` (``pairs`` pairs each, half same, from
     identities disjoint from the training ones) and, last, the stamp ``synthetic.json``. The output is
-    byte-identical for the same parameters whatever ``workers`` is.
+    byte-identical for the same parameters whatever ``workers`` is. The files are written in a staging folder
+    (``utils.files.staged``): a new ``out_dir`` appears whole; into an existing one the files move in complete, the
+    stamp last, so an interrupted build leaves no stamp and is rebuilt.
     """
     for name, value, low in (("num_classes", num_classes, 1), ("images_per_class", images_per_class, 1),
                              ("pairs", pairs, 2), ("workers", workers, 1)):
@@ -589,37 +591,37 @@ def write_dataset(out_dir: str | os.PathLike, num_classes: int = 1000, images_pe
     if is_complete(out, stamp):
         logger.info("%s already holds this synthetic dataset; nothing to do", out)
         return False
-    out.mkdir(parents=True, exist_ok=True)
-    # Remove an old stamp first: an interrupted rebuild must not look complete.
+    # An old stamp goes first: a rebuild stopped while its files move in must not look complete.
     (out / STAMP_NAME).unlink(missing_ok=True)
 
     total = num_classes * images_per_class + 2 * 2 * pairs
-    bar = tqdm(total=total, unit="img", desc=f"synthetic -> {out}", disable=not progress)
-    pool = multiprocessing.get_context("spawn").Pool(workers) if workers > 1 else None
-    imap = pool.imap if pool is not None else map
-    try:
-        def train_items() -> Iterator[tuple[int, bytes]]:
-            jobs = ((seed, c, images_per_class) for c in range(num_classes))
-            for c, images in enumerate(imap(_train_job, jobs)):
-                bar.update(len(images))
-                for jpeg in images:
-                    yield c, jpeg
+    with staged(out, last=(STAMP_NAME,)) as stage:
+        bar = tqdm(total=total, unit="img", desc=f"synthetic -> {out}", disable=not progress)
+        pool = multiprocessing.get_context("spawn").Pool(workers) if workers > 1 else None
+        imap = pool.imap if pool is not None else map
+        try:
+            def train_items() -> Iterator[tuple[int, bytes]]:
+                jobs = ((seed, c, images_per_class) for c in range(num_classes))
+                for c, images in enumerate(imap(_train_job, jobs)):
+                    bar.update(len(images))
+                    for jpeg in images:
+                        yield c, jpeg
 
-        write_insightface_rec(out, train_items(), num_classes)
-        for target, kind in zip(VERIFICATION_TARGETS, ("easy", "hard")):
-            specs = pair_specs(seed, kind, pairs)
-            images: list[bytes] = []
-            chunks = ((seed, kind, specs[i:i + _PAIR_CHUNK]) for i in range(0, len(specs), _PAIR_CHUNK))
-            for chunk in imap(_pairs_job, chunks):
-                images.extend(chunk)
-                bar.update(len(chunk))
-            save_bin(out / f"{target}.bin", images, [s.issame for s in specs])
-    finally:
-        if pool is not None:
-            pool.close()
-            pool.join()
-        bar.close()
-    atomic_write(out / STAMP_NAME, lambda f: f.write(json.dumps(stamp, indent=1).encode()))
+            write_insightface_rec(stage, train_items(), num_classes)
+            for target, kind in zip(VERIFICATION_TARGETS, ("easy", "hard")):
+                specs = pair_specs(seed, kind, pairs)
+                images: list[bytes] = []
+                chunks = ((seed, kind, specs[i:i + _PAIR_CHUNK]) for i in range(0, len(specs), _PAIR_CHUNK))
+                for chunk in imap(_pairs_job, chunks):
+                    images.extend(chunk)
+                    bar.update(len(chunk))
+                save_bin(stage / f"{target}.bin", images, [s.issame for s in specs])
+            (stage / STAMP_NAME).write_text(json.dumps(stamp, indent=1))
+        finally:
+            if pool is not None:
+                pool.close()
+                pool.join()
+            bar.close()
     return True
 
 

@@ -5,7 +5,8 @@ arrays of them), pair ``i`` being ``(bins[2i], bins[2i+1])``, and ``P`` booleans
 Python 2 store the images as ``str``. The files come from the internet, so they are read with an
 unpickler that can only build the few types the format needs (bytes, numpy arrays and scalars, bools; an
 image array that is not uint8 is refused after unpickling); any other global in the file is refused before
-anything from the file runs.
+anything from the file runs. A new set is written from a text file of image pairs (``read_pairs``, ``read_images``,
+``save_bin``: ``scripts/make_bin.py``).
 """
 from __future__ import annotations
 
@@ -20,10 +21,13 @@ import numpy as np
 import torch
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
-from dataset.images import resize
+from tqdm import tqdm
+
+from dataset.images import decode, resize
 from utils.files import atomic_write, path_problem
 
-__all__ = ["BinData", "BadBinError", "RefusedGlobal", "load_bin", "save_bin", "unpickle_bin"]
+__all__ = ["BinData", "BadBinError", "RefusedGlobal", "load_bin", "read_images", "read_pairs", "save_bin",
+           "unpickle_bin"]
 
 
 class BinData(NamedTuple):
@@ -216,3 +220,49 @@ def save_bin(path: str | os.PathLike, images: Sequence[bytes], issame: Sequence[
                          f"{2 * len(issame)} (2 per pair)")
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda f: pickle.dump((images, issame), f, protocol=4))
+
+
+def read_pairs(pairs_file: Path, root: Path) -> list[tuple[Path, Path, bool]]:
+    """The pairs of a text file, one ``path1 path2 0|1`` per line (1: the same identity; blank lines and lines
+    starting with ``#`` skipped; relative paths from ``root``); ``ValueError`` naming the file and line for a
+    malformed line or a missing image."""
+    pairs = []
+    if (problem := path_problem(pairs_file)) is not None:
+        raise ValueError(f"pairs file {problem}: {pairs_file}")
+    try:
+        text = pairs_file.read_text()
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{pairs_file}: not a text file of pairs ({exc})") from None
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        fields = line.split()
+        if not fields or fields[0].startswith("#"):
+            continue
+        if len(fields) != 3 or fields[2] not in ("0", "1"):
+            raise ValueError(f"{pairs_file}:{lineno}: expected 'path1 path2 0|1', got {line.strip()!r}")
+        a, b = (p if p.is_absolute() else root / p for p in (Path(fields[0]), Path(fields[1])))
+        for p in (a, b):
+            if (problem := path_problem(p)) is not None:
+                raise ValueError(f"{pairs_file}:{lineno}: image {problem}: {p}")
+        pairs.append((a, b, fields[2] == "1"))
+    if not pairs:
+        raise ValueError(f"{pairs_file}: no pairs (every line is blank or a comment)")
+    return pairs
+
+
+def read_images(paths: Sequence[Path], desc: str = "decoding") -> tuple[dict[Path, bytes], list[str]]:
+    """The bytes of every file in ``paths``, each decoded once with the decoder training and verification use, and
+    one ``"path: reason"`` per file that does not decode; ``ValueError`` for a file that cannot be read."""
+    data: dict[Path, bytes] = {}
+    bad = []
+    for path in tqdm(paths, desc=desc, unit="img", disable=None):
+        if path in data:
+            continue
+        try:
+            data[path] = path.read_bytes()
+        except OSError as exc:
+            raise ValueError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+        try:
+            decode(data[path], str(path))
+        except ValueError as exc:
+            bad.append(str(exc))
+    return data, bad

@@ -4,23 +4,24 @@
         --pairs 3000 --seed 0 --workers 2 --preview data/synthetic/preview.png
 
 writes ``train.rec``/``train.idx``/``property`` (insightface layout), ``syn_easy.bin`` and ``syn_hard.bin``
-(verification pairs from identities disjoint from the training ones) and ``synthetic.json`` (written last).
-A second run with the same parameters finds the stamp and writes nothing (but the ``--preview`` image when asked). See ``dataset/synthetic_faces.py``.
+(verification pairs from identities disjoint from the training ones) and ``synthetic.json`` (the stamp, last),
+staged so that an interrupted run leaves no half dataset. A second run with the same parameters finds the stamp
+and writes nothing (but the ``--preview`` image when asked). See ``dataset/synthetic_faces.py``. Exit status: 0
+written or already there; 2 a bad option or an output that cannot be written (one line).
 """
 from __future__ import annotations
 
+import argparse
+import logging
+import os
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import argparse  # noqa: E402
-import logging  # noqa: E402
-import os  # noqa: E402
-import time  # noqa: E402
-
-from dataset import synthetic_faces  # noqa: E402
-from utils.cli import print_error  # noqa: E402
+from dataset import synthetic_faces
+from utils.cli import run_tool
 
 logger = logging.getLogger("make_synthetic")
 
@@ -42,26 +43,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+def generate(args: argparse.Namespace) -> None:
     start = time.perf_counter()
-    try:
-        wrote = synthetic_faces.write_dataset(args.out, num_classes=args.num_classes,
-                                              images_per_class=args.images_per_class, pairs=args.pairs,
-                                              seed=args.seed, workers=args.workers, progress=True)
-        if args.preview:
-            synthetic_faces.preview_grid(args.preview, seed=args.seed)
-            logger.info("preview written to %s", args.preview)
-    except (ValueError, OSError) as exc:  # OSError: an --out or --preview that cannot be written
-        print_error("make_synthetic", exc)
-        return 2
+    wrote = synthetic_faces.write_dataset(args.out, num_classes=args.num_classes,
+                                          images_per_class=args.images_per_class, pairs=args.pairs,
+                                          seed=args.seed, workers=args.workers, progress=True)
+    if args.preview:
+        synthetic_faces.preview_grid(args.preview, seed=args.seed)
+        logger.info("preview written to %s", args.preview)
     if wrote:
         logger.info("synthetic dataset written to %s in %.1f s", args.out, time.perf_counter() - start)
     else:
         logger.info("%s already holds a complete dataset with these parameters (%s); skipped", args.out,
                     synthetic_faces.STAMP_NAME)
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    return run_tool("make_synthetic", lambda: generate(args))
 
 
 if __name__ == "__main__":

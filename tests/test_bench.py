@@ -102,6 +102,41 @@ def test_plan_half_precision_adds_the_half_copies():
     assert predict(1000, 2, 0.1, 8, 6, dtype="bf16", device="cpu").as_dict() == bf16.as_dict()
 
 
+def test_plan_compile_head_adds_the_compiled_graphs_buffers():
+    """compile_head: two (N, C) fp32 buffers beside the cosines and the exponentials in the forward (4 blocks), one
+    in the backward (3 blocks, or the eager backward where that is more); the other phases as the eager head's."""
+    for rate, dtype in ((0.1, "fp32"), (1.0, "fp32"), (0.1, "bf16")):
+        eager, compiled = (predict(1000, 2, rate, 8, 6, dtype=dtype, compile_head=c) for c in (False, True))
+        block = 12 * compiled.num_sampled * 4  # one (N, C) fp32 tensor
+        assert compiled.components["compiled_buffers"] == 2 * block and eager.components["compiled_buffers"] == 0
+        assert compiled.phases["forward"] - eager.phases["forward"] == 2 * block
+        base = eager.phases["backward"] - eager.phases["forward"]  # the eager backward's (N, C) part beyond 2 blocks
+        assert compiled.phases["backward"] - compiled.phases["forward"] == max(base, block) - 2 * block
+        assert {k: compiled.phases[k] for k in ("sampling", "optimizer")} == {
+            k: eager.phases[k] for k in ("sampling", "optimizer")}
+
+
+def _measure_compiled(rank: int, world: int, classes: int, rate: float, dim: int, batch: int) -> int:
+    """Peak memory (bytes) of the head with compile = True, measured as bench/head.py does."""
+    cfg = HeadConfig(classes, rate, batch, dim, "sgd", repeats=1, warmup=2, floor=False, compile=True)
+    return head_rank(rank, world, cfg)["compiled"]["peak_mem_bytes"]
+
+
+@pytest.mark.timeout(300)
+def test_plan_predicts_the_compiled_head_s_peak_within_10_percent(monkeypatch):
+    """bench/plan.py --compile-head against the compiled head's RSS high-water mark on one CPU rank (Inductor's C++),
+    at a shape where the (N, C) tensors dominate: the compiled forward holds four of them (the eager one two).
+    make gpu-check judges the same model on a GPU (Triton)."""
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", str(128 * 1024))  # as in the half-precision test above
+    classes, rate, dim, batch = 64_000, 1.0, 16, 2048
+    peak = run_on_local_ranks(_measure_compiled, 1, classes, rate, dim, batch, timeout=280)[0]
+    plan = predict(classes, 1, rate, dim, batch, device="cpu", compile_head=True)
+    eager = predict(classes, 1, rate, dim, batch, device="cpu")
+    assert plan.peak_bytes - eager.peak_bytes == 2 * batch * classes * 4
+    assert abs(peak - plan.peak_bytes) <= 0.10 * plan.peak_bytes, (
+        f"measured {peak / 2**20:.1f} MiB, predicted {plan.peak_bytes / 2**20:.1f} MiB ({plan.phases})")
+
+
 def _run_script(args: list[str], out: Path, timeout: float) -> dict:
     proc = subprocess.run([sys.executable, *args, "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout)

@@ -86,6 +86,35 @@ def test_side_by_side_steps_print_in_order_and_stop_on_a_failure(capsys, monkeyp
     assert "broken" in captured.out and "demo: bad step failed with exit code 7" in captured.err
 
 
+@pytest.mark.timeout(60)
+def test_sigterm_stops_the_running_step_with_sigterm_and_exits_143(tmp_path, capsys):
+    """SIGTERM (a scheduler) unwinds the demo through utils.cli.run_tool, as main runs it: the running step gets
+    SIGTERM too (torchrun forwards it to its ranks; a SIGKILL would orphan them) and is waited for; exit 143."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from scripts import demo
+    from utils.cli import run_tool
+
+    started, stopped = tmp_path / "started", tmp_path / "stopped"
+    step = (f"import pathlib, signal, sys, time\nstopped = pathlib.Path({str(stopped)!r})\n"
+            "signal.signal(signal.SIGTERM, lambda *a: (stopped.write_text('term'), sys.exit(0)))\n"
+            f"pathlib.Path({str(started)!r}).touch()\ntime.sleep(50)\n")
+
+    def terminate_when_started():
+        deadline = time.monotonic() + 40
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=terminate_when_started, daemon=True).start()
+    assert run_tool("demo", lambda: demo.run([sys.executable, "-c", step], "a long step", 1)) == 143
+    assert stopped.read_text() == "term"
+    assert capsys.readouterr().err.splitlines()[-1] == "demo: interrupted"
+
+
 @pytest.mark.parametrize("hardware_bf16", [True, False])
 def test_demo_trains_and_verifies_bf16_only_where_the_cpu_computes_it(tmp_path, monkeypatch, capsys, hardware_bf16):
     # The demo's config asks for bf16; on a CPU that emulates it the demo says so and runs fp32 throughout.

@@ -20,9 +20,8 @@ from scripts.make_rec import main as make_rec_main
 from scripts.rec_info import main as rec_info_main
 from scripts.rec_info import rec_info
 from scripts.shuffle_rec import main as shuffle_rec_main
-from scripts.shuffle_rec import shuffle_rec
 from scripts.unpack_rec import main as unpack_rec_main
-from scripts.unpack_rec import unpack_rec
+from dataset.rec_copy import shuffle_rec, unpack_rec
 from dataset.recordio import IndexedRecordIO, IRHeader, pack, unpack
 
 
@@ -208,6 +207,65 @@ def test_unpack_rec_to_image_folder(tmp_path):
     folder = ImageFolderDataset(tmp_path)
     assert folder.num_classes == src.num_classes == 4
     assert [folder.raw(i)[:2] for i in range(12)] == [src.raw(i)[:2] for i in range(12)]
+
+
+@pytest.mark.parametrize("copy", [shuffle_rec, unpack_rec])
+def test_a_copy_that_fails_half_way_leaves_the_output_as_it_was(tmp_path, copy, capsys):
+    """shuffle_rec and unpack_rec write in stages (utils.files.staged): a record that cannot be read half way leaves
+    no new output folder, and an existing one with its old files, without a staging folder either way."""
+    src = tmp_path / "src"
+    shutil.copytree(FIXTURES / "rec_insightface", src)
+    with open(src / "train.rec", "r+b") as f:  # the last records cut off: read_idx fails past the middle
+        f.truncate(f.seek(0, os.SEEK_END) // 2)
+    with pytest.raises(ValueError, match="train.rec"):
+        copy(src, tmp_path / "new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+    old = tmp_path / "old"
+    (old / "000000").mkdir(parents=True)
+    (old / "000000" / "mine.jpg").write_bytes(b"kept")
+    (old / "train.rec").write_bytes(b"kept")
+    with pytest.raises(ValueError, match="train.rec"):
+        copy(src, old)
+    assert sorted(str(p.relative_to(old)) for p in old.rglob("*")) == ["000000", "000000/mine.jpg", "train.rec"]
+    main = shuffle_rec_main if copy is shuffle_rec else unpack_rec_main
+    assert main([str(src), str(tmp_path / "new")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "train.rec" in err[0] and not (tmp_path / "new").exists()
+
+
+def test_unpack_rec_into_an_existing_folder_replaces_its_label_folders_whole(tmp_path):
+    (tmp_path / "000001").mkdir()
+    (tmp_path / "000001" / "stale.jpg").write_bytes(b"old")
+    (tmp_path / "notes.txt").write_text("mine")
+    assert unpack_rec(FIXTURES / "rec_insightface_vector_label", tmp_path) == 12
+    assert not (tmp_path / "000001" / "stale.jpg").exists() and (tmp_path / "notes.txt").read_text() == "mine"
+    assert ImageFolderDataset(tmp_path).num_classes == 4
+
+
+def test_make_bin_reads_the_pairs_and_decodes_each_image_once(tmp_path, monkeypatch):
+    from dataset import verification_set
+    from dataset.verification_set import read_images, read_pairs
+
+    (tmp_path / "imgs").mkdir()
+    for i in range(3):
+        (tmp_path / "imgs" / f"{i}.jpg").write_bytes(_image(i))
+    (tmp_path / "imgs" / "cut.jpg").write_bytes(_image(9)[:1500])
+    elsewhere = tmp_path / "imgs" / "2.jpg"
+    (tmp_path / "pairs.txt").write_text(f"# comment\n\n0.jpg 1.jpg 1\n1.jpg {elsewhere} 0\n0.jpg cut.jpg 0\n")
+    pairs = read_pairs(tmp_path / "pairs.txt", tmp_path / "imgs")
+    assert pairs == [(tmp_path / "imgs" / "0.jpg", tmp_path / "imgs" / "1.jpg", True),
+                     (tmp_path / "imgs" / "1.jpg", elsewhere, False), (tmp_path / "imgs" / "0.jpg",
+                                                                      tmp_path / "imgs" / "cut.jpg", False)]
+    decoded = []
+    real = verification_set.decode
+    monkeypatch.setattr(verification_set, "decode", lambda data, where: decoded.append(where) or real(data, where))
+    data, bad = read_images([p for a, b, _ in pairs for p in (a, b)])
+    assert len(data) == len(decoded) == 4 and len(bad) == 1 and bad[0].startswith(str(tmp_path / "imgs" / "cut.jpg"))
+    with pytest.raises(ValueError, match=r"pairs file not found: .*missing\.txt"):
+        read_pairs(tmp_path / "missing.txt", tmp_path)
+    (tmp_path / "empty.txt").write_text("# nothing\n")
+    with pytest.raises(ValueError, match="no pairs"):
+        read_pairs(tmp_path / "empty.txt", tmp_path)
 
 
 # --- make_rec on messy folders ------------------------------------------------------------------------

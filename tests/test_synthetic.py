@@ -136,3 +136,24 @@ def test_cache_skips_a_complete_dataset_and_rebuilds_on_other_parameters(tmp_pat
     # An interrupted build (stamp missing) is not taken for a complete one.
     (other / S.STAMP_NAME).unlink()
     assert S.write_dataset(other, **{**kw, "seed": 1}) is True
+
+
+@pytest.mark.timeout(120)
+def test_a_build_that_fails_leaves_no_half_dataset(tmp_path, monkeypatch):
+    """The files are staged (utils.files.staged) and the stamp moves in last: a build that fails after the rec
+    leaves no new folder, and in an existing one the old files without their stamp (rebuilt next time)."""
+    kw = dict(num_classes=2, images_per_class=2, pairs=4, seed=0)
+    assert S.write_dataset(tmp_path / "old", **kw) is True
+    before = {p.name: p.read_bytes() for p in (tmp_path / "old").iterdir()}
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(S, "save_bin", broken)
+    for out in (tmp_path / "new", tmp_path / "old"):
+        with pytest.raises(OSError, match="disk full"):
+            S.write_dataset(out, **{**kw, "seed": 1})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old"]
+    after = {p.name: p.read_bytes() for p in (tmp_path / "old").iterdir()}
+    assert after == {k: v for k, v in before.items() if k != S.STAMP_NAME}
+    assert not S.is_complete(tmp_path / "old", S.dataset_stamp(**kw))

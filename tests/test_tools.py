@@ -107,6 +107,13 @@ def test_whatever_stops_the_block_leaves_no_staging_folder_and_the_target_as_it_
         assert [p.name for p in target.iterdir()] == ["train.rec"] and (target / "train.rec").read_bytes() == b"old"
 
 
+def test_a_target_that_cannot_be_written_is_named_not_its_staging_folder():
+    with pytest.raises(OSError) as caught:
+        with staged("/proc/no-such-folder"):
+            pass
+    assert "cannot write /proc/no-such-folder:" in str(caught.value) and ".tmp" not in str(caught.value)
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

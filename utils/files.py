@@ -88,7 +88,10 @@ def staged(target: str | os.PathLike, last: Sequence[str] = ()) -> Iterator[Path
     new = not target.exists()
     parent = target.parent if new else target
     parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", suffix=".tmp", dir=parent))
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", suffix=".tmp", dir=parent))
+    except OSError as exc:  # the error names the folder asked for, not the staging folder's random name
+        raise OSError(exc.errno, f"cannot write {target}: {exc.strerror}") from None
     umask = os.umask(0)
     os.umask(umask)
     staging.chmod(0o777 & ~umask)  # as mkdir would make it: mkdtemp's 0700 would become the target's
