@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--image-size must be two sizes >= 1, got {args.image_size[0]} {args.image_size[1]}")
 
     def work() -> None:
-        with tool_messages(TOOL, "dataset"):
+        with tool_messages(TOOL, "dataset.rec_from_images"):
             source = list_image_folder(args.images) if args.images else read_list_file(args.list, args.root)
             report = make_rec(source, args.out, args.num_classes, tuple(args.image_size), args.skip_bad)
         print(f"wrote {report.images} images of {report.classes} classes to {args.out} "
