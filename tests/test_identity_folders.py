@@ -1,7 +1,7 @@
 """One identity-folder rule (``dataset.identity_folders``) behind every reader of "a folder of identity folders":
 training's image-folder dataset (and ``overlap``, which opens it through ``build_dataset``), ``make_rec
---images``, ``rec_info``'s folder check and ``prepare_faces``' photo listing see the same classes and files of a
-messy folder, and each names what it ignored in one line."""
+--images``, ``prepare_faces``' photo listing (``photos.listing``) and ``rec_info``'s folder check see the same
+classes and files of a messy folder, and each names what it ignored in one line."""
 from __future__ import annotations
 
 import io
@@ -17,6 +17,7 @@ from dataset.identity_folders import identity_folders, is_ignored
 from dataset.images import IMAGE_EXTENSIONS
 from dataset.inspection import folder_info
 from dataset.rec_from_images import list_image_folder
+from photos.listing import list_photo_folder
 from scripts.make_rec import main as make_rec_main
 from scripts.rec_info import main as rec_info_main
 from utils.cli import tool_messages
@@ -97,6 +98,14 @@ def test_every_entry_point_sees_the_same_classes_and_files(messy, tmp_path, capl
     rec = MXFaceDataset(tmp_path / "rec")
     assert rec.num_classes == 2 and [rec.raw(i)[1] for i in range(len(rec))] == [0, 0, 0, 1]
     assert [rec.raw(i)[0] for i in range(len(rec))] == [(messy / name).read_bytes() for name in FILES]
+
+    # prepare_faces' photo listing (its suffixes take more formats; the tree holds JPEG/PNG only).
+    with caplog.at_level(logging.INFO, logger="photos"):
+        caplog.clear()
+        photos = list_photo_folder(messy)
+    assert [(p.name, p.identity) for p in photos] == [(name, name.split("/")[0]) for name in FILES]
+    assert [p.path for p in photos] == [messy / name for name in FILES]
+    assert [r.getMessage() for r in caplog.records] == [identity_folders(messy, IMAGE_EXTENSIONS).ignored_note()]
 
     # rec_info's folder check.
     info = folder_info(messy, check=True)
