@@ -6,6 +6,8 @@ was one module; the code lives in modules named for what they are:
 - ``dataset.images``: decoding, resizing, and the one normalisation ``(x - 127.5) / 127.5``;
 - ``dataset.recordio``: MXNet RecordIO without MXNet, the dataset layouts, and the one RecordIO checker;
 - ``dataset.faces``: ``MXFaceDataset``, ``ImageFolderDataset``, ``SyntheticDataset``, ``build_dataset``;
+- ``dataset.identity_folders``: the one rule of a folder of identity folders, which every reader of one uses;
+- ``dataset.rec_from_images`` and ``dataset.inspection``: what ``make_rec.py`` writes and ``rec_info.py`` reports;
 - ``dataset.loader``: the distributed, resumable sampler and loader (``get_dataloader``);
 - ``dataset.build``: the training loader a config asks for (``build_data``);
 - ``dataset.dali``: the optional GPU-decode loader (NVIDIA DALI, imported only when asked for);

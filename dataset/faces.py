@@ -14,9 +14,9 @@ from typing import Sequence
 import torch
 from torch.utils.data import Dataset
 
+from dataset.identity_folders import holds_identity_folders, identity_folders, names_shown
 from dataset.images import IMAGE_EXTENSIONS, Transform, decode, decode_many, stack_flipped
 from dataset.recordio import class_of, open_rec_folder, read_image_record, unpack
-from utils.files import path_problem
 
 logger = logging.getLogger(__name__)
 
@@ -105,17 +105,22 @@ class MXFaceDataset(_EncodedImages):
 
 
 class ImageFolderDataset(_EncodedImages):
-    """``root/<identity>/<image>.{jpg,jpeg,png}``; class ids follow the sorted identity folder names."""
+    """``root/<identity>/<image>.{jpg,jpeg,png}``, sub-folders of an identity included, as
+    ``dataset.identity_folders`` lists them: class ids follow the sorted names of the identities holding an
+    image; hidden and system entries are ignored, named in one warning."""
 
     def __init__(self, root: str | os.PathLike, transform: Transform | None = None,
                  image_size: tuple[int, int] = (112, 112)):
         self.root, self.transform, self.image_size = Path(root), transform, tuple(image_size)
-        if (problem := path_problem(self.root, folder=True)) is not None:
-            raise FileNotFoundError(f"image folder {self.root} {'does not exist' if problem == 'not found' else problem}")
-        self.classes = sorted(d.name for d in self.root.iterdir() if d.is_dir())
-        self.samples: list[tuple[Path, int]] = [
-            (f, label) for label, name in enumerate(self.classes)
-            for f in sorted((self.root / name).iterdir()) if f.suffix.lower() in IMAGE_EXTENSIONS]
+        listing = identity_folders(self.root, IMAGE_EXTENSIONS)
+        listing.check_listed()
+        if (note := listing.ignored_note()) is not None:
+            logger.warning("%s", note)
+        if listing.empty:
+            logger.warning("%s: %d identity folders without %s images are no class: %s", self.root,
+                           len(listing.empty), "/".join(IMAGE_EXTENSIONS), names_shown(listing.empty))
+        self.classes = listing.classes
+        self.samples: list[tuple[Path, int]] = listing.samples()
         if not self.samples:
             raise ValueError(f"{self.root}: no images found; expected one folder per identity holding "
                              f"{'/'.join(IMAGE_EXTENSIONS)} files")
@@ -174,7 +179,7 @@ def build_dataset(rec: str, num_classes: int | None = None, image_size: tuple[in
         raise FileNotFoundError(f"dataset path {path} does not exist; {expected}")
     if (path / "train.rec").exists() or (path / "train.idx").exists():
         return MXFaceDataset(path, num_classes=num_classes, image_size=image_size)
-    if path.is_dir() and any(d.is_dir() for d in path.iterdir()):
+    if holds_identity_folders(path):
         ds = ImageFolderDataset(path, image_size=image_size)
         if num_classes is not None and num_classes != ds.num_classes:
             # The labels are 0..N-1 for N identity folders: fewer classes cannot hold them, more get no image.

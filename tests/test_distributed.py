@@ -177,6 +177,25 @@ def test_pick_device_auto_cpu_and_cuda(monkeypatch):
     assert du.pick_device("cpu") == torch.device("cpu")
 
 
+def test_pick_device_for_a_tool_takes_cuda_n_and_leaves_the_current_device(monkeypatch):
+    # prepare_faces --device: auto, cpu, cuda or cuda:N, without binding LOCAL_RANK; errors name the flag.
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert du.pick_device("auto", bind_local_rank=False, name="--device") == torch.device("cpu")
+    with pytest.raises(ValueError, match=r"^--device cuda:1 but torch.cuda.is_available\(\) is False on this machine; "
+                                         r"use --device cpu or auto$"):
+        du.pick_device("cuda:1", bind_local_rank=False, name="--device")
+    with pytest.raises(ValueError, match=r"^--device tpu: expected auto, cpu, cuda or cuda:N$"):
+        du.pick_device("tpu", bind_local_rank=False, name="--device")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert du.pick_device("auto", bind_local_rank=False) == du.pick_device("cuda", bind_local_rank=False) \
+        == torch.device("cuda")
+    assert du.pick_device("cuda:1", bind_local_rank=False) == torch.device("cuda", 1) and chosen == []
+    assert du.pick_device("cuda:1") == torch.device("cuda", 1) and chosen == [1]
+
+
 def test_init_process_group_takes_the_configured_timeout(monkeypatch):
     # README (`dist_timeout_minutes`): how long a collective may wait before the job fails, passed to the group.
     import datetime

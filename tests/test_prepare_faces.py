@@ -1,4 +1,5 @@
-"""scripts/prepare_faces.py: photos -> detected, aligned faces -> train.rec, holdout.bin, report.csv, preview.png.
+"""scripts/prepare_faces.py and its library ``photos``: photos -> detected, aligned faces -> train.rec, holdout.bin,
+report.csv, preview.png.
 
 The photos are made from the one real face at hand, scikit-image's astronaut: five "identities" of her under
 different tints, rotations, scales and mirroring, plus photos without a face (noise, a flat colour), one with a
@@ -32,6 +33,11 @@ from alignment.template import apply_transform
 from dataset import build_dataset
 from dataset.recordio import write_insightface_rec
 from dataset.verification_set import load_bin
+from photos.holdout import form_pairs
+from photos.pack import OUTPUT_FILES
+from photos.policy import FacePolicy, decide
+from photos.report import REPORT_COLUMNS
+from photos.work import WORK
 from scripts import prepare_faces
 from tests.helpers import ROOT, subprocess_env, train
 
@@ -191,7 +197,7 @@ def test_every_photo_gets_its_decision_in_the_report_and_one_summary_line(made):
     photos, out, proc, before = made
     assert tree_digest(photos) == before, "the input folder was modified"
     rows = report(out)
-    assert list(rows[0]) == list(prepare_faces.REPORT_COLUMNS)
+    assert list(rows[0]) == list(REPORT_COLUMNS)
     assert [r["path"] for r in rows] == sorted(EXPECTED, key=lambda p: (p.split("/")[0], p))
     for row in rows:
         status, reason = EXPECTED[row["path"]]
@@ -228,7 +234,7 @@ def test_every_photo_gets_its_decision_in_the_report_and_one_summary_line(made):
                f"{min(per_id)}-{max(per_id)} per identity), 2 held out in holdout.bin ({pairs} pairs)")
     assert proc.stdout.strip().splitlines() == [summary]
     assert json.loads((out / "prepare_faces.json").read_text())["summary"] == summary
-    assert sorted(p.name for p in out.iterdir()) == sorted(prepare_faces.OUTPUT_FILES)  # the work folder is gone
+    assert sorted(p.name for p in out.iterdir()) == sorted(OUTPUT_FILES)  # the work folder is gone
 
 
 @pytest.mark.timeout(120)
@@ -317,7 +323,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 200) -> None:
 def test_an_interrupted_run_continues_where_it_stopped_and_gives_the_same_bytes(made, tmp_path):
     photos, out, _, before = made
     again = tmp_path / "out"
-    work = again / prepare_faces.WORK
+    work = again / WORK
     command = [sys.executable, SCRIPT, str(photos), str(again), *FLAGS, "--workers", "0"]
 
     # Ctrl-C after the first chunk: exit 130, one line saying how much is saved and how to go on. (A suite started
@@ -358,31 +364,28 @@ def _face(box, score: float = 0.99) -> Face:
     return Face((x0, y0, x1, y1), score, np.zeros((5, 2)))
 
 
-def _settings(**changes) -> prepare_faces.Settings:
-    values = dict(multi="largest", min_score=0.9, min_face_size=40.0, detect_size=640, batch_size=16, chunk_size=256,
-                  device="cpu")
-    return prepare_faces.Settings(**{**values, **changes})
+def _settings(**changes) -> FacePolicy:
+    return FacePolicy(**changes)  # the defaults: largest, 0.9, 40 (the tool's)
 
 
 def test_the_policy_decides_and_says_why():
     size = (400, 600)  # (H, W)
     big, small, centred = _face((0, 0, 100, 100)), _face((500, 0, 545, 45)), _face((250, 150, 345, 245))
-    assert prepare_faces.decide([], size, _settings())[::3] == ("no_face", 0)
-    status, chosen, shown, counted, reason = prepare_faces.decide([_face((0, 0, 100, 100), 0.8)], size, _settings())
+    assert decide([], size, _settings())[::3] == ("no_face", 0)
+    status, chosen, shown, counted, reason = decide([_face((0, 0, 100, 100), 0.8)], size, _settings())
     assert (status, chosen, counted) == ("low_score", [], 0) and shown.score == 0.8
     assert reason == "the best face scores 0.8000, below --min-score 0.9"
-    status, _, shown, _, reason = prepare_faces.decide([_face((0, 0, 30, 30))], size, _settings())
+    status, _, shown, _, reason = decide([_face((0, 0, 30, 30))], size, _settings())
     assert status == "small_face" and reason == "the largest face is 30 px, below --min-face-size 40"
     # Several faces: the largest, and among faces within 10 % of its size the one nearest the centre.
-    status, chosen, _, counted, reason = prepare_faces.decide([big, small, centred], size, _settings())
+    status, chosen, _, counted, reason = decide([big, small, centred], size, _settings())
     assert status == "kept" and chosen == [centred] and counted == 3
     assert reason == "the largest of 3 faces, nearest the centre"
-    assert prepare_faces.decide([big, small], size, _settings(multi="skip"))[::3] == ("several_faces", 2)
-    status, chosen, _, _, reason = prepare_faces.decide([big, small], size, _settings(multi="all"))
+    assert decide([big, small], size, _settings(multi="skip"))[::3] == ("several_faces", 2)
+    status, chosen, _, _, reason = decide([big, small], size, _settings(multi="all"))
     assert chosen == [big, small] and reason == "all 2 faces (--multi all)"
     # Faces below the thresholds are not counted, and the reason says so.
-    status, chosen, _, counted, reason = prepare_faces.decide([big, _face((0, 0, 20, 20))], size,
-                                                              _settings(multi="skip"))
+    status, chosen, _, counted, reason = decide([big, _face((0, 0, 20, 20))], size, _settings(multi="skip"))
     assert (status, chosen, counted) == ("kept", [big], 1)
     assert reason == "1 more below --min-score/--min-face-size"
 
@@ -416,23 +419,23 @@ def test_multi_all_keeps_both_faces_and_skip_none_and_thresholds_are_reported(ma
     rc, out, err = run_main(capsys, photos, tmp_path / "strict", "--min-score", "1", "--workers", "0")
     assert rc == 1 and err.strip().splitlines() == [
         f"prepare_faces: error: no face kept in any of the 2 photos (0 without a face, 0 unreadable); every photo's "
-        f"reason is in {tmp_path / 'strict' / prepare_faces.WORK / 'report.csv'}"], err
-    assert {r["status"] for r in report(tmp_path / "strict" / prepare_faces.WORK)} == {"low_score"}
+        f"reason is in {tmp_path / 'strict' / WORK / 'report.csv'}"], err
+    assert {r["status"] for r in report(tmp_path / "strict" / WORK)} == {"low_score"}
     assert not (tmp_path / "strict" / "train.rec").exists() and not (tmp_path / "strict" / "report.csv").exists()
 
 
 def test_pairs_are_balanced_distinct_and_follow_the_seed():
     groups = [[0, 1, 2], [3, 4], [5, 6, 7, 8]]
-    pairs = prepare_faces.form_pairs(groups, 3000, np.random.default_rng(0))
+    pairs = form_pairs(groups, 3000, np.random.default_rng(0))
     owner = {item: k for k, group in enumerate(groups) for item in group}
     assert len(pairs) == 2 * (3 + 1 + 6) and [same for *_, same in pairs] == [True, False] * 10
     assert all((owner[a] == owner[b]) == same and a < b for a, b, same in pairs)
     assert len({(a, b) for a, b, _ in pairs}) == len(pairs)
-    assert pairs == prepare_faces.form_pairs(groups, 3000, np.random.default_rng(0))
-    assert len(prepare_faces.form_pairs(groups, 6, np.random.default_rng(0))) == 6
+    assert pairs == form_pairs(groups, 3000, np.random.default_rng(0))
+    assert len(form_pairs(groups, 6, np.random.default_rng(0))) == 6
     # Many faces: the different-identity pairs are drawn, not listed.
     big = [list(range(k * 200, (k + 1) * 200)) for k in range(50)]
-    pairs = prepare_faces.form_pairs(big, 1000, np.random.default_rng(1))
+    pairs = form_pairs(big, 1000, np.random.default_rng(1))
     assert len(pairs) == 1000 and len(set(pairs)) == 1000
     assert all(((a // 200) == (b // 200)) == same for a, b, same in pairs)
 

@@ -15,10 +15,10 @@ from tests.helpers import FIXTURES, ROOT
 from PIL import Image
 
 from dataset import ImageFolderDataset, MXFaceDataset
-from scripts.make_rec import list_image_folder, make_rec
+from dataset.inspection import rec_info
+from dataset.rec_from_images import list_image_folder, make_rec
 from scripts.make_rec import main as make_rec_main
 from scripts.rec_info import main as rec_info_main
-from scripts.rec_info import rec_info
 from scripts.shuffle_rec import main as shuffle_rec_main
 from scripts.unpack_rec import main as unpack_rec_main
 from dataset.rec_copy import shuffle_rec, unpack_rec
@@ -272,7 +272,7 @@ def test_make_bin_reads_the_pairs_and_decodes_each_image_once(tmp_path, monkeypa
 
 def _messy_folder(root):
     """Identities: amy (2 good, 1 truncated), bob (empty), cat (only bad files), dan (1 good, 1 re-encoded,
-    a folder named like an image)."""
+    a link to nowhere)."""
     for name in ("amy", "bob", "cat", "dan"):
         (root / name).mkdir(parents=True)
     (root / "amy" / "0.jpg").write_bytes(_image(0))
@@ -282,14 +282,14 @@ def _messy_folder(root):
     (root / "cat" / "1.png").write_bytes(b"not an image at all")       # not an image
     (root / "dan" / "0.jpg").write_bytes(_image(3))
     (root / "dan" / "1.png").write_bytes(_image(4, size=(64, 80), fmt="PNG"))  # wrong size: re-encoded
-    (root / "dan" / "2.jpg").mkdir()                                   # cannot be read
+    (root / "dan" / "2.jpg").symlink_to(root / "gone.jpg")            # cannot be read
     return {"truncated": root / "amy" / "2.jpg", "empty": root / "cat" / "0.jpg",
-            "garbage": root / "cat" / "1.png", "folder": root / "dan" / "2.jpg"}
+            "garbage": root / "cat" / "1.png", "dangling": root / "dan" / "2.jpg"}
 
 
 def _leftovers(root):
     """Anything a failed or finished make_rec should not have left: temporaries and staging folders."""
-    return sorted(str(p) for p in root.rglob("*") if p.name.endswith(".tmp") or p.name.startswith(".make_rec-"))
+    return sorted(str(p) for p in root.rglob("*") if p.name.endswith(".tmp"))
 
 
 def test_make_rec_skips_bad_files_and_identities_without_images(tmp_path, capsys):
@@ -299,11 +299,12 @@ def test_make_rec_skips_bad_files_and_identities_without_images(tmp_path, capsys
     assert "wrote 4 images of 2 classes" in out and "1 re-encoded" in out and "4 bad files skipped" in out
     lines = err.splitlines()
     for reason, needle in (("truncated", "cannot decode image"), ("empty", "empty file (0 bytes)"),
-                           ("garbage", "not an image in a known format"), ("folder", "cannot read: Is a directory")):
+                           ("garbage", "not an image in a known format"), ("dangling", "cannot read: No such file")):
         hits = [line for line in lines if f"make_rec: skipped {bad[reason]}: {needle}" in line]
         assert len(hits) == 1, (reason, err)
     assert any(f"identity folder {tmp_path / 'faces' / 'bob'} left out (no JPEG/PNG files)" in line for line in lines)
-    assert any(f"identity folder {tmp_path / 'faces' / 'cat'} left out (all 2 images are bad)" in line for line in lines)
+    assert any(f"identity folder {tmp_path / 'faces' / 'cat'} left out (all 2 images are bad)" in line
+               for line in lines)
     ds = MXFaceDataset(tmp_path / "rec")
     # amy and dan are classes 0 and 1: the left-out folders take no class id.
     assert ds.num_classes == 2 and [ds.raw(i)[1] for i in range(len(ds))] == [0, 0, 1, 1]
@@ -414,7 +415,7 @@ def test_make_rec_stopped_while_writing_leaves_no_temporary_files(tmp_path, sig)
         with open(fifo, "wb") as f:  # the check pass reads it once
             f.write(_image(6))
         deadline = time.monotonic() + 40
-        while not list((tmp_path / "rec").glob(".make_rec-*/train.rec.tmp")):
+        while not list((tmp_path / "rec").glob(".*/train.rec.tmp")):  # utils.files.staged's folder
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.05)
         proc.send_signal(sig)
@@ -423,7 +424,7 @@ def test_make_rec_stopped_while_writing_leaves_no_temporary_files(tmp_path, sig)
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 128 + sig, err
-    assert "Traceback" not in err and (sig == signal.SIGTERM or err.splitlines()[-1] == "make_rec: interrupted; nothing written")
+    assert "Traceback" not in err and err.splitlines()[-1] == "make_rec: interrupted; nothing written"
     assert _leftovers(tmp_path) == []
     assert {p.name: p.read_bytes() for p in (tmp_path / "rec").iterdir()} == before
 

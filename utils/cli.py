@@ -11,14 +11,17 @@ status every tool documents:
          ``finally`` blocks run, so staged files (``utils.files.staged``) are removed
 
 Tools in ``scripts/`` are thin commands over library code; the library raises ``BadData`` / ``UsageError``
-(or any ``ValueError``) and never exits.
+(or any ``ValueError``) and never exits, and says what it skipped through its logger, which ``tool_messages``
+turns into the tool's lines on stderr.
 """
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from utils.logging_setup import one_line
 
@@ -46,6 +49,39 @@ def print_error(tool: str, exc: BaseException) -> None:
 def warn(tool: str, message: str) -> None:
     """``<tool>: warning: <message>`` on stderr."""
     print(f"{tool}: warning: {message}", file=sys.stderr)
+
+
+class _ToolLines(logging.Handler):
+    """A log record as a tool's line on stderr, written past a progress bar (tqdm redraws it below)."""
+
+    def __init__(self, tool: str) -> None:
+        super().__init__(logging.INFO)
+        self.tool = tool
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm import tqdm
+
+        said = "warning: " if record.levelno >= logging.WARNING else ""
+        tqdm.write(f"{self.tool}: {said}{record.getMessage()}", file=sys.stderr)
+
+
+@contextmanager
+def tool_messages(tool: str, *packages: str) -> Iterator[None]:
+    """While the block runs, what the library ``packages`` log at INFO and above is the tool's lines on stderr:
+    ``<tool>: <message>``, and ``<tool>: warning: <message>`` for a warning. Their loggers are as before after."""
+    handler = _ToolLines(tool)
+    saved = []
+    for name in packages:
+        logger = logging.getLogger(name)
+        saved.append((logger, logger.handlers, logger.level, logger.propagate))
+        logger.handlers, logger.propagate = [handler], False
+        logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        for logger, handlers, level, propagate in saved:
+            logger.handlers, logger.propagate = handlers, propagate
+            logger.setLevel(level)
 
 
 def _terminate(signum: int, frame: object) -> None:

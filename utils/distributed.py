@@ -46,19 +46,34 @@ _reduce_scatter_into = getattr(dist, "reduce_scatter_single", None) or dist.redu
 
 # ------------------------------------------------------------------------------------------------ set-up
 
-def pick_device(requested: str) -> torch.device:
-    """The device for this process: ``cuda:LOCAL_RANK`` under torchrun on GPUs, else the CPU.
+def pick_device(requested: str, bind_local_rank: bool = True, name: str = "device") -> torch.device:
+    """The device ``requested`` names: "auto" (CUDA when available, else the CPU), "cpu", "cuda" or "cuda:N".
 
-    ``requested``: "auto" (CUDA when available), "cpu" or "cuda" (an error on a machine without CUDA).
+    ``bind_local_rank`` (a training rank): "auto" and "cuda" mean ``cuda:LOCAL_RANK`` (torchrun's GPU for this
+    rank, 0 without torchrun), made the current device; without it (a tool) they mean the current CUDA device,
+    and nothing is changed. ``name`` is how errors name the setting: ``device`` (a config key, ``device =
+    'cuda'``) or a flag such as ``--device`` (``--device cuda``). A ``ValueError`` for anything else, and for
+    CUDA on a machine without it.
     """
-    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+    flag = name.startswith("-")
+    said = f"{name} {requested}" if flag else f"{name} = {requested!r}"
+    try:
+        device = torch.device("cuda" if requested == "auto" else requested)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{said}: expected auto, cpu, cuda or cuda:N")
+    if device.type == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise ValueError("device = 'cuda' but torch.cuda.is_available() is False on this machine; use device = "
-                         "'cpu' or 'auto'")
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local_rank)
-    return torch.device("cuda", local_rank)
+        raise ValueError(f"{said} but torch.cuda.is_available() is False on this machine; use "
+                         + (f"{name} cpu or auto" if flag else f"{name} = 'cpu' or 'auto'"))
+    if device.index is None and not bind_local_rank:
+        return device
+    index = int(os.environ.get("LOCAL_RANK", "0")) if device.index is None else device.index
+    if bind_local_rank:
+        torch.cuda.set_device(index)
+    return torch.device("cuda", index)
 
 
 def init_process_group(device: torch.device, timeout_minutes: float) -> None:

@@ -19,7 +19,7 @@ _FORMAT = "%(asctime)s %(levelname)s %(message)s"
 
 
 # The project's packages whose module loggers log as the trainer's (rank 0 only, into training.log).
-LIBRARY_PACKAGES = ("alignment", "backbones", "dataset", "eval", "losses", "partial_fc", "trainer", "utils")
+LIBRARY_PACKAGES = ("alignment", "backbones", "dataset", "eval", "losses", "partial_fc", "photos", "trainer", "utils")
 
 def setup_logging(rank: int, output: str | Path | None) -> logging.Logger:
     """Configure and return the project logger for this rank (idempotent: handlers are replaced)."""

@@ -21,8 +21,8 @@ from torchvision.io import encode_jpeg
 
 from tests.helpers import ROOT, subprocess_env, train
 from dataset import MXFaceDataset
+from dataset.inspection import rec_info
 from scripts.rec_info import main as rec_info_main
-from scripts.rec_info import rec_info
 from dataset.recordio import IndexedRecordIO, write_insightface_rec
 
 NUM_CLASSES, PER_CLASS = 4, 4  # 16 images: 2 steps of 8 per epoch on one rank, so every record is read
