@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from trainer import checkpointing
 from trainer.build import Job, build
+from trainer.output_lock import hold_output
 from trainer.preflight import check_on_every_rank
 from trainer.run_state import TrainState, schedule_of, step_lr
 from utils.config import check_world, load_config
@@ -206,10 +207,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         rank, world_size = get_rank(), get_world_size()
         logger = setup_logging(rank, cfg.output)
-        job, code = None, 1  # the exit code: 1 until training ends (0) or stops on a mistake (2, 3)
+        job, lock, code = None, None, 1  # the exit code: 1 until training ends (0) or stops on a mistake (2, 3)
         try:
             check_world(cfg, world_size)
             check_on_every_rank(cfg, rank)
+            lock = hold_output(cfg.output, rank, logger)  # before anything reads or writes the folder's run
             logger.info("config %s (%d ranks, backend %s, device %s, %d torch threads per rank):\n%s", args.config,
                         world_size, dist.get_backend() if dist.is_initialized() else "none", device,
                         torch.get_num_threads(), cfg)
@@ -237,6 +239,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 job.wandb.exit_code = code
             if job is not None and job.writer is not None:
                 job.writer.close()
+            if lock is not None:
+                lock.release()
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -6,6 +6,7 @@
 - ``trainer.parallelize``: the plain backbone wrapped for the step: DDP, its fp16 hook, ``torch.compile``;
 - ``trainer.run_state``: where a run is and what it means (``TrainState``, the LR of a step, a resume's rules);
 - ``trainer.checkpointing``: the one writer of the run checkpoint, and how a run starts from its folder;
+- ``trainer.output_lock``: one run per output folder (``run.lock``);
 - ``trainer.import_arcface``: an arcface_torch run's checkpoints converted into ours.
 
 ``train.py`` keeps the arguments, the one optimizer step, the loop and the entry point.
