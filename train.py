@@ -32,12 +32,13 @@ import torch.distributed as dist
 
 from trainer import checkpointing
 from trainer.build import Job, build
+from trainer.output_lock import hold_output
 from trainer.preflight import check_on_every_rank
-from utils.checkpoint import TrainState
+from trainer.run_state import TrainState, schedule_of, step_lr
 from utils.config import check_world, load_config
 from utils.distributed import gather_lines, get_rank, get_world_size, init_process_group, pick_device
 from utils.logging_setup import ProgressLog, one_line, setup_logging
-from utils.lr_scheduler import apply_lr, continued_lr, lr_at
+from utils.lr_scheduler import apply_lr
 from utils.precision import NonFiniteLossError, autocast, nonfinite_parts
 from utils.wandb_run import start_run
 
@@ -75,10 +76,7 @@ def optimizer_step(job: Job, state: TrainState, micro_batches: list[tuple[torch.
     backs off once. Returns the mean loss (a device tensor, read by logging every `frequent` steps), or None
     when skipped."""
     cfg, d = job.cfg, job.derived
-    if state.schedule_from_step >= 0:  # a resume changed the schedule: on from the LR the run had reached
-        lr = continued_lr(state.step, state.schedule_from_step, state.schedule_from_lr, d.total_steps, cfg.lr_power)
-    else:
-        lr = lr_at(state.step, cfg.lr, d.warmup_steps, d.total_steps, power=cfg.lr_power)
+    lr = step_lr(state.step, state, schedule_of(cfg, d))
     apply_lr(job.opt_head, lr)
     apply_lr(job.opt_backbone, lr * cfg.backbone_lr_scale)
     # Head warm-up: the plain backbone, outside DDP, in eval mode and without a graph, so that no gradient, no
@@ -209,10 +207,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         rank, world_size = get_rank(), get_world_size()
         logger = setup_logging(rank, cfg.output)
-        job, code = None, 1  # the exit code: 1 until training ends (0) or stops on a mistake (2, 3)
+        job, lock, code = None, None, 1  # the exit code: 1 until training ends (0) or stops on a mistake (2, 3)
         try:
             check_world(cfg, world_size)
             check_on_every_rank(cfg, rank)
+            lock = hold_output(cfg.output, rank, logger)  # before anything reads or writes the folder's run
             logger.info("config %s (%d ranks, backend %s, device %s, %d torch threads per rank):\n%s", args.config,
                         world_size, dist.get_backend() if dist.is_initialized() else "none", device,
                         torch.get_num_threads(), cfg)
@@ -240,6 +239,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 job.wandb.exit_code = code
             if job is not None and job.writer is not None:
                 job.writer.close()
+            if lock is not None:
+                lock.release()
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -201,7 +201,7 @@ def mixed_precision_steps(dtype: str, device: str) -> dict:
     step with an inf injected into a backbone gradient. What ``check_mixed_precision_steps`` judges."""
     from train import optimizer_step
     from trainer.build import build
-    from utils.checkpoint import TrainState
+    from trainer.run_state import TrainState
     from utils.config import load_config
 
     cfg = load_config("configs/debug_cpu", [f"device={device}", f"{dtype}=true", "max_nonfinite_steps=24"])

@@ -1,4 +1,5 @@
-"""utils.checkpoint: atomic writes, crash leftovers, pruning, head re-partition, weights-only loading.
+"""utils.checkpoint, the generic step store: atomic writes, crash leftovers, pruning, head re-partition,
+weights-only loading. What the trainer puts in it: tests/test_run_state.py.
 
 Ranks are simulated with threads meeting at a ``threading.Barrier`` (the same ordering as real ranks meeting
 at ``dist.barrier``); one test runs the real thing on 2 gloo ranks.
@@ -8,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import re
 import shutil
 import threading
 from pathlib import Path
@@ -19,9 +19,9 @@ import torch
 from bench.local_ranks import run_on_local_ranks
 from utils.files import load_tensors, save_atomic
 from partial_fc import head_shard, load_head_rows, restore_head
-from utils.checkpoint import (MANIFEST, TrainState, clean_partial, find_latest, is_complete, list_checkpoints,
-                              load_common, load_optimizer_state, load_rng, make_common, recover_replaced, rng_state,
-                              save_checkpoint, set_rng_state, step_dir, train_state_of)
+from utils.checkpoint import (MANIFEST, clean_partial, find_latest, is_complete, list_checkpoints, load_common,
+                              load_optimizer_state, load_rng, recover_replaced, rng_state, save_checkpoint,
+                              set_rng_state, step_dir)
 
 D = 4  # embedding size of the fake heads
 
@@ -40,15 +40,15 @@ def full_head(num_classes: int, seed: int = 0) -> tuple[torch.Tensor, dict[str, 
 
 
 def make_common_for(step: int, world_size: int, num_classes: int) -> dict:
+    """A rank-0 part as a caller writes one: the store's keys and whatever else (tensors, optimizer state, tuples)."""
     model = torch.nn.Linear(3, D)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model(torch.ones(2, 3)).sum().backward()
     opt.step()
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
-    return make_common(state=TrainState(step=step, epoch=1, step_in_epoch=3), lr=0.05, backbone=model.state_dict(),
-                       backbone_optimizer=opt.state_dict(), scaler=scaler.state_dict(), world_size=world_size,
-                       num_classes=num_classes, fingerprint="abc123", config={"lr": 0.1, "margin_list": (1.0, 0.5, 0.0),
-                                                                             "output": None})
+    return {"step": step, "world_size": world_size, "num_classes": num_classes, "backbone": model.state_dict(),
+            "backbone_optimizer": opt.state_dict(), "scaler": scaler.state_dict(),
+            "config": {"lr": 0.1, "margin_list": (1.0, 0.5, 0.0), "output": None}}
 
 
 def save_world(output: Path, step: int, world_size: int, num_classes: int = 7, keep: int = 5, seed: int = 0,
@@ -143,8 +143,7 @@ def test_layout_contents_and_weights_only(tmp_path):
         torch.load(ckpt / name, map_location="cpu", weights_only=True)
     common = load_common(ckpt)
     assert (common["step"], common["world_size"]) == (12, 2)
-    assert train_state_of(common) == TrainState(step=12, epoch=1, step_in_epoch=3)  # the state: an entry of its own
-    assert common["num_classes"] == 7 and common["fingerprint"] == "abc123"
+    assert common["num_classes"] == 7
     assert common["config"]["margin_list"] == (1.0, 0.5, 0.0) and common["scaler"]["scale"] == 1024.0
     assert "momentum_buffer" in common["backbone_optimizer"]["state"][0]
     assert set(load_rng(ckpt, 1)) >= {"cpu"} and load_rng(ckpt, 2) is None
@@ -157,13 +156,14 @@ def test_every_saved_tensor_is_a_cpu_tensor_at_any_depth():
     from utils.checkpoint import on_cpu
 
     leaf = torch.ones(3, requires_grad=True) * 2
+    where = torch.nn.Linear(2, 2)  # an object that is no container: left as it is
     payload = {"state": {0: {"momentum_buffer": leaf, "step": torch.tensor(4.0)}},
-               "param_groups": [{"lr": 0.1, "betas": (0.9, leaf), "params": [0, 1]}], "where": TrainState(step=3),
+               "param_groups": [{"lr": 0.1, "betas": (0.9, leaf), "params": [0, 1]}], "where": where,
                "pair": torch.return_types.max((leaf, torch.zeros(3, dtype=torch.long)))}
     out = on_cpu(payload)
     tensors = [out["state"][0]["momentum_buffer"], out["param_groups"][0]["betas"][1], out["pair"].values]
     assert all(t.device.type == "cpu" and not t.requires_grad and torch.equal(t, leaf.detach()) for t in tensors)
-    assert out["param_groups"][0]["params"] == [0, 1] and out["where"] == TrainState(step=3)
+    assert out["param_groups"][0]["params"] == [0, 1] and out["where"] is where
     assert type(out["param_groups"][0]["betas"]) is tuple and type(out["pair"]) is torch.return_types.max
 
 
@@ -358,32 +358,6 @@ def test_two_gloo_ranks_default_barrier(tmp_path):
     assert torch.equal(rows["weight"], full_head(7)[0])
 
 
-def test_state_of_a_checkpoint_written_before_the_state_entry():
-    """Checkpoints of the previous layout kept the position at the top level and the skip count in the
-    config; they still resume."""
-    old = {"step": 30, "epoch": 1, "step_in_epoch": 14, "config": {"skipped_steps": 2}}
-    assert train_state_of(old) == TrainState(step=30, epoch=1, step_in_epoch=14, skipped_steps=2)
-
-
-def test_where_a_run_starts_and_what_it_must_not_leave(tmp_path):
-    from utils.checkpoint import plan_start
-
-    mine = lambda path: True  # noqa: E731 (same_run)
-    assert plan_start(tmp_path, False, True, mine) == (None, [])  # auto-resume with nothing: start at step 0
-    with pytest.raises(ValueError, match="resume = True but .* holds no complete checkpoint"):
-        plan_start(tmp_path, True, True, mine)
-    for step in (5, 10, 15):
-        save_world(tmp_path, step, 2)
-    s5, s10, s15 = (step_dir(tmp_path, s) for s in (5, 10, 15))
-    assert plan_start(tmp_path, False, True, mine) == (s15, [])  # the same run: continue the newest
-    assert plan_start(tmp_path, False, True, lambda p: False) == (None, [s5, s10, s15])  # another config's
-    assert plan_start(tmp_path, False, False, mine) == (None, [s5, s10, s15])  # auto_resume = False: afresh
-    assert plan_start(tmp_path, True, False, lambda p: False) == (s15, [])  # explicit: continue it anyway
-    assert plan_start(tmp_path, str(s10), True, mine) == (s10, [s15])  # step 15 would shadow the new run
-    elsewhere = tmp_path / "other" / "checkpoints" / "step_000000003"
-    assert plan_start(tmp_path, str(elsewhere), True, mine) == (elsewhere, [s5, s10, s15])
-
-
 @pytest.mark.parametrize("kind", ["sgd", "adamw"])
 def test_an_older_checkpoint_does_not_switch_the_optimizer_off_foreach(kind):
     """A backbone optimizer state saved with foreach unset (earlier releases) is loaded, every value restored,
@@ -408,49 +382,3 @@ def test_an_older_checkpoint_does_not_switch_the_optimizer_off_foreach(kind):
     plain = build(foreach=True)[1]
     plain.load_state_dict(saved)
     assert plain.param_groups[0]["foreach"] is None  # what torch alone would have done
-
-
-# ------------------------------------------------------------------------------ explicit resume of a changed config
-
-def _continuation(tmp_path, changes: dict, data: str = "same data") -> str | None:
-    from utils.checkpoint import check_continuation
-    from utils.config import load_config
-
-    saved = load_config("configs/debug_cpu").to_dict()
-    common = {"fingerprint": "a" * 16, "config": saved, "data": "same data"}
-    return check_continuation(tmp_path / "checkpoints" / "step_000000004", common, {**saved, **changes}, "b" * 16,
-                              data, explicit=True)
-
-
-@pytest.mark.parametrize("key, value", [("network", "r18"), ("network_kwargs", {"widths": [4, 4, 4, 4]}),
-                                        ("embedding_size", 64), ("num_classes", 99), ("optimizer", "adamw"),
-                                        ("sub_centers", 2), ("margin", "adaface")])
-def test_an_explicit_resume_refuses_what_the_saved_state_cannot_serve(tmp_path, key, value):
-    from utils.checkpoint import FIXED_KEYS
-
-    reason = re.escape(FIXED_KEYS[key])
-    with pytest.raises(ValueError, match=rf"{key} .* → .* cannot continue \({reason}\); .*init_backbone="):
-        _continuation(tmp_path, {key: value})
-
-
-def test_keys_added_since_a_checkpoint_was_written_count_at_their_old_value(tmp_path):
-    # A config saved before margin, sub_centers, lr_power... existed trained with their legacy values: resuming
-    # it with those values changes no key (no refusal); another value is a change like any other.
-    from utils.checkpoint import check_continuation
-    from utils.config import FINGERPRINT_LEGACY, load_config
-
-    current = {**load_config("configs/debug_cpu").to_dict(), "lr_power": 2.0}
-    old = {k: v for k, v in current.items() if k not in FINGERPRINT_LEGACY}
-    common = {"fingerprint": "a" * 16, "config": old, "data": "same data"}
-    ckpt = tmp_path / "checkpoints" / "step_000000004"
-    warning = check_continuation(ckpt, common, current, "b" * 16, "same data", explicit=True)
-    assert warning.endswith("with a changed config: an older release's fingerprint"), warning  # no key named
-    with pytest.raises(ValueError, match=r"margin 'combined' → 'adaface' cannot continue"):
-        check_continuation(ckpt, common, {**current, "margin": "adaface"}, "b" * 16, "same data", explicit=True)
-
-
-def test_an_explicit_resume_refuses_other_training_data_and_names_schedule_changes(tmp_path):
-    with pytest.raises(ValueError, match=r"training data .* cannot continue \(the data position and the head's"):
-        _continuation(tmp_path, {}, data="other data")
-    warning = _continuation(tmp_path, {"lr": 0.01, "max_steps": 30, "batch_size": 16})
-    assert warning is not None and "lr 0.1 → 0.01" in warning and "max_steps" in warning and "batch_size" in warning

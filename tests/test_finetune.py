@@ -23,7 +23,7 @@ import torch
 
 from bench.local_ranks import run_on_local_ranks
 from tests.helpers import load_model, logged_losses, max_difference, train
-from utils.checkpoint import TrainState
+from trainer.run_state import TrainState
 
 SEED = 5
 PRETRAIN = (300, 8)  # identities x images the model is pre-trained on (the aligned crop of every other test)

@@ -18,8 +18,9 @@ from torch import nn
 from tests.helpers import (CONFIG, ROOT, copy_checkpoints_until, gather, load_model, logged_losses, max_difference,
                            saved_head, tiny_job, train)
 from trainer.build import build
-from trainer.checkpointing import restore_training_state, save_training_state
-from utils.checkpoint import load_common, step_dir, TrainState
+from trainer.checkpointing import restore_training_state, save_run
+from trainer.run_state import TrainState
+from utils.checkpoint import load_common, step_dir
 from utils.config import FINGERPRINT_EXCLUDED, fingerprint, load_config
 from bench.local_ranks import run_on_local_ranks
 
@@ -86,7 +87,7 @@ def test_checkpoint_saves_and_restores_the_head_buffers(tmp_path):
     job = _adaface_job(tmp_path, AdaFace(s=8.0, t_alpha=0.5))
     job.head(job.backbone(torch.randn(6, 4)), torch.arange(6)).backward()  # the statistics move
     saved = {k: v.clone() for k, v in job.head.named_buffers()}
-    path = save_training_state(job, TrainState(step=1))
+    path = save_run(job, TrainState(step=1), logging.getLogger("test"))
     assert {k: v.tolist() for k, v in load_common(path)["head_buffers"].items()} == {
         k: v.tolist() for k, v in saved.items()}
     assert saved["margin_loss.batch_mean"].item() != 20.0

@@ -1,4 +1,5 @@
-"""scripts/import_arcface.py: an arcface_torch run continued here, on another number of ranks.
+"""trainer/import_arcface.py and its command scripts/import_arcface.py: an arcface_torch run continued here, on
+another number of ranks.
 
 Each test writes an arcface_torch output folder in exactly the layout its ``train_v2.py`` writes at an epoch end:
 ``checkpoint_gpu_<rank>.pt`` = ``{"epoch", "global_step", "state_dict_backbone" (the plain module's),
@@ -6,8 +7,9 @@ Each test writes an arcface_torch output folder in exactly the layout its ``trai
 over two groups, the backbone's parameters then the head weight), "state_lr_scheduler"}`` and rank 0's
 ``model.pt``. The run is real: a backbone of ours in the official layout and a full-softmax head (sample rate 1,
 as ``PartialFC_V2``'s dense gradient: every row steps), trained by ``torch.optim.SGD``/``AdamW`` under a
-scheduler that behaves as arcface_torch's ``PolynomialLRWarmup`` (its state has the same attributes) for two
-epochs of its loader, then cut into the ranks' shards by arcface_torch's rule, written out here on its own.
+scheduler that behaves as arcface_torch's ``PolynomialLRWarmup`` or its older ``PolyScheduler`` (their states have
+the same attributes) for two epochs of its loader, stepped on every micro-batch as ``train_v2.py`` does under
+gradient accumulation, then cut into the ranks' shards by arcface_torch's rule, written out here on its own.
 67 classes divide over neither 2 nor 3 ranks.
 """
 from __future__ import annotations
@@ -26,7 +28,10 @@ from backbones import get_model
 from bench.local_ranks import run_on_local_ranks
 from tests.helpers import (ROOT, gathered_head_after_resume, logged_lrs, reference_polynomial_warmup, saved_head,
                            subprocess_env, train)
+from trainer.import_arcface import import_run
+from trainer.run_state import Schedule, step_lr, train_state_of
 from utils.checkpoint import find_latest, load_common, read_manifest, step_dir
+from utils.lr_scheduler import lr_at
 
 CONFIG = "configs/debug_cpu"  # the tiny backbone, synthetic data, batch 8 per rank
 CLASSES, IMAGES, BATCH, EPOCHS, WARMUP_EPOCHS, LR, DIM = 67, 240, 8, 4, 1, 0.1, 32
@@ -54,17 +59,40 @@ class PolynomialLRWarmup(torch.optim.lr_scheduler.LRScheduler):
         return [base * (1.0 - progress) ** self.power for base in self.base_lrs]
 
 
+class PolyScheduler(torch.optim.lr_scheduler.LRScheduler):
+    """arcface_torch's older ``lr_scheduler.PolyScheduler`` as it behaves, with the attributes its state_dict carries
+    (``base_lr``, ``warmup_lr_init``, ``max_steps``, ``warmup_steps``, ``power`` = 2): its constructor leaves
+    ``last_epoch`` at -1 after taking a step, so each update uses the LR of the step before (the first, step 0's)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, base_lr: float, max_steps: int, warmup_steps: int):
+        self.base_lr, self.warmup_lr_init, self.max_steps, self.warmup_steps, self.power = (
+            base_lr, 0.0001, max_steps, warmup_steps, 2)
+        super().__init__(optimizer)
+        self.last_epoch = -1
+
+    def get_lr(self) -> list[float]:
+        step = self.last_epoch
+        if step == -1:
+            return [self.warmup_lr_init for _ in self.optimizer.param_groups]
+        if step < self.warmup_steps:
+            return [self.base_lr * step / self.warmup_steps for _ in self.optimizer.param_groups]
+        progress = (step - self.warmup_steps) / (self.max_steps - self.warmup_steps)
+        return [self.base_lr * (1 - progress) ** self.power for _ in self.optimizer.param_groups]
+
+
 def shard(num_classes: int, world: int, rank: int) -> tuple[int, int]:
     """``(class_start, num_local)`` of ``PartialFC_V2`` (arcface_torch's partial_fc_v2.py), written out here."""
     num_local = num_classes // world + int(rank < num_classes % world)
     return num_classes // world * rank + min(rank, num_classes % world), num_local
 
 
-def write_arcface_run(folder: Path, world: int, optimizer: str = "sgd", prefix: str = "") -> dict:
+def write_arcface_run(folder: Path, world: int, optimizer: str = "sgd", prefix: str = "",
+                      scheduler: str = "PolynomialLRWarmup", gradient_acc: int = 1) -> dict:
     """An arcface_torch output folder of a ``world``-GPU run after ``DONE_EPOCHS`` epochs (see the module
-    docstring); ``prefix``: "module." for a backbone saved from its DDP wrapper. Returns what the files hold,
-    unsharded: the backbone, the head (C, D), the optimizer's state by name and the head's, the global step and
-    the LR arcface_torch's next update would use."""
+    docstring); ``prefix``: "module." for a backbone saved from its DDP wrapper; ``gradient_acc``: micro-batches
+    per update (its ``global_step`` and scheduler count micro-batches). Returns what the files hold, unsharded:
+    the backbone, the head (C, D), the optimizer's state by name and the head's, the global step and the LR
+    arcface_torch's next update would use."""
     torch.manual_seed(world)
     model = get_model("tiny", num_features=DIM, widths=(8, 16, 16, 32))
     head = nn.Parameter(torch.normal(0, 0.01, (CLASSES, DIM)))  # every rank's rows, in class order
@@ -72,16 +100,20 @@ def write_arcface_run(folder: Path, world: int, optimizer: str = "sgd", prefix: 
     opt = (torch.optim.SGD(groups, lr=LR, momentum=0.9, weight_decay=5e-4) if optimizer == "sgd"
            else torch.optim.AdamW(groups, lr=LR, weight_decay=5e-4))
     per_epoch = IMAGES // (BATCH * world)  # train_v2.py's schedule: num_image // total_batch_size per epoch
-    scheduler = PolynomialLRWarmup(opt, per_epoch * WARMUP_EPOCHS, per_epoch * EPOCHS)
+    if scheduler == "PolyScheduler":
+        scheduler = PolyScheduler(opt, LR, per_epoch * EPOCHS, per_epoch * WARMUP_EPOCHS)
+    else:
+        scheduler = PolynomialLRWarmup(opt, per_epoch * WARMUP_EPOCHS, per_epoch * EPOCHS)
     loader_len = -(-IMAGES // world) // BATCH  # its loader: DistributedSampler's ceil(N / W) samples, drop_last
     steps = DONE_EPOCHS * loader_len
-    for _ in range(steps):  # a few images stand in for the global batch: the state, not the accuracy, is tested
+    for step in range(steps):  # a few images stand in for the global batch: the state, not the accuracy, is tested
         images, labels = torch.randn(4, 3, 112, 112), torch.randint(0, CLASSES, (4,))
         logits = 64.0 * F.normalize(model(images)) @ F.normalize(head).t()  # (4, C)
         F.cross_entropy(logits, labels).backward()
-        nn.utils.clip_grad_norm_(model.parameters(), 5)
-        opt.step()
-        opt.zero_grad()
+        if (step + 1) % gradient_acc == 0:
+            nn.utils.clip_grad_norm_(model.parameters(), 5)
+            opt.step()
+            opt.zero_grad()
         scheduler.step()
     full = opt.state_dict()
     head_id = full["param_groups"][1]["params"][0]
@@ -304,3 +336,72 @@ def test_a_file_that_would_run_code_is_refused(arcface_run, tmp_path, capsys):
     assert _main(hostile, tmp_path / "out") == 1
     line = _one_line(capsys)
     assert f"{hostile / 'checkpoint_gpu_2.pt'}: refused" in line and "this ran" not in line
+
+
+# ------------------------------------------------------------------------------------------------ the LR
+
+def _import(source: Path, output: Path, *sets: str) -> str:
+    """``import_run`` (the library) with the tests' config; its summary line. No warnings."""
+    warnings: list[str] = []
+    line = import_run(source, CONFIG, [*SETS, f"output={output}", *sets], False, False, warnings.append)
+    assert warnings == []
+    return line
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_an_imported_run_made_longer_goes_on_from_arcface_torch_s_lr_for_its_step(tmp_path):
+    """The checkpoint records the LR of its step, the one arcface_torch's next update would use; continued with a
+    longer schedule (``--resume``), the run trains that step at that LR, then decays to 0 at the new end."""
+    source, output = tmp_path / "arcface", tmp_path / "ours"
+    source.mkdir()
+    run = write_arcface_run(source, 3)
+    _import(source, output)
+    common = load_common(find_latest(output))
+    assert common["lr"] == pytest.approx(run["lr"], rel=1e-12)
+    # Here on 1 rank: 30 steps per epoch, so arcface_torch's epoch-2 end is step 60; 3 epochs now (90 steps).
+    proc = train(CONFIG, output, *SETS, "num_epoch=3", "--resume")
+    assert "at step 60 (epoch 2, step 0 in epoch)" in proc.stdout and "goes on from" in proc.stdout, proc.stdout[-3000:]
+    lrs = logged_lrs(output)  # the line of step k reports the LR of step k - 1
+    assert min(lrs) == 61 and float(lrs[61][1]) == pytest.approx(run["lr"], abs=1e-6), lrs
+    assert float(lrs[90][1]) == pytest.approx(run["lr"] / 30, abs=1e-6)
+
+
+def test_an_older_poly_scheduler_run_continues_at_our_lr_for_its_step(tmp_path):
+    """arcface_torch's older ``PolyScheduler`` applied each LR one step late: its next update would use step S − 1's.
+    The run continues on our curve (power 2): step S at step S's LR, which the checkpoint records."""
+    source, output = tmp_path / "arcface", tmp_path / "ours"
+    source.mkdir()
+    run = write_arcface_run(source, 2, scheduler="PolyScheduler")
+    step, per_epoch = run["step"], IMAGES // (BATCH * 2)
+    ours = lr_at(step, LR, per_epoch * WARMUP_EPOCHS, per_epoch * EPOCHS, power=2)
+    assert run["lr"] == pytest.approx(lr_at(step - 1, LR, per_epoch * WARMUP_EPOCHS, per_epoch * EPOCHS, power=2))
+    line = _import(source, output, "lr_power=2")
+    assert f"next LR {ours:.6g} (arcface_torch's: {run['lr']:.6g})" in line, line
+    common = load_common(find_latest(output))
+    assert train_state_of(common).step == step and common["lr"] == pytest.approx(ours, rel=1e-12)
+    schedule = Schedule(LR, per_epoch * WARMUP_EPOCHS, per_epoch * EPOCHS, 2.0)
+    assert step_lr(step, train_state_of(common), schedule) == common["lr"]  # what train.py's next step takes
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")  # as train_v2.py does
+def test_gradient_accumulation_counts_optimizer_steps_and_a_save_inside_an_accumulation_is_refused(tmp_path, capsys):
+    """With ``gradient_acc = 2`` arcface_torch's ``global_step`` (and its scheduler) count micro-batches: 20 of them
+    are our step 10, at the LR its scheduler had reached. A save after an odd number cannot be continued: the
+    accumulated gradient is not in the checkpoint."""
+    source, output = tmp_path / "arcface", tmp_path / "ours"
+    source.mkdir()
+    run = write_arcface_run(source, 3, gradient_acc=2)
+    _import(source, output, "gradient_acc=2")
+    ckpt = find_latest(output)
+    common = load_common(ckpt)
+    assert ckpt == step_dir(output, run["step"] // 2) and train_state_of(common).epoch == DONE_EPOCHS
+    assert common["lr"] == pytest.approx(run["lr"], rel=1e-12)
+    weight, state = saved_head(ckpt)
+    assert torch.equal(weight, run["head"])
+    assert torch.equal(state["momentum_buffer"], run["head_state"]["momentum_buffer"])
+    assert _main(source, tmp_path / "other", "gradient_acc=3") == 2  # 20 micro-batches: not 3 per update
+    assert _one_line(capsys).endswith(
+        f"{CONFIG} has gradient_acc = 3, but the arcface_torch run saved after 20 micro-batches, inside an "
+        f"accumulation whose gradient the checkpoint does not hold; set gradient_acc to the run's")
+    assert not (tmp_path / "other").exists()

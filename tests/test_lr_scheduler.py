@@ -119,14 +119,3 @@ def test_trainer_applies_lr_power(tmp_path):
     for step, lr in logged.items():
         assert lr == pytest.approx(lr_at(step - 1, 0.1, 0, 6, power=3.0), abs=1e-6), (step, lr)
     assert logged[2] != pytest.approx(lr_at(1, 0.1, 0, 6, power=1.0), abs=1e-6)
-
-
-def test_continued_lr_goes_on_from_the_reached_lr_to_zero_at_the_new_end():
-    from utils.lr_scheduler import continued_lr
-
-    assert continued_lr(10, 10, 0.05, 30) == 0.05
-    assert continued_lr(20, 10, 0.05, 30) == pytest.approx(0.025)
-    assert continued_lr(20, 10, 0.05, 30, power=2) == pytest.approx(0.0125)
-    assert continued_lr(30, 10, 0.05, 30) == 0.0 and continued_lr(31, 10, 0.05, 30) == 0.0
-    with pytest.raises(ValueError, match="before the step the schedule changed at"):
-        continued_lr(9, 10, 0.05, 30)

@@ -16,7 +16,7 @@ from torch import nn
 
 from tests.helpers import check_mixed_precision_steps, mixed_precision_steps, tiny_job
 from bench.local_ranks import run_on_local_ranks
-from utils.checkpoint import TrainState
+from trainer.run_state import TrainState
 
 pytestmark = pytest.mark.timeout(120)
 

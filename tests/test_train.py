@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from utils.checkpoint import TrainState
+from trainer.run_state import TrainState
 from bench.local_ranks import free_port, run_on_local_ranks
 from tests.helpers import (FIXTURES, ROOT, copy_checkpoints_until, load_model, logged_losses, max_difference,
                            subprocess_env, tiny_job, train, two_nodes)

@@ -8,11 +8,8 @@ counts optimizer steps (not micro-batches: with gradient accumulation the schedu
 learning rate for the optimizer step with index ``step`` (0-based) is ``lr_at(step, ...)``. Being a function,
 not an object with state, it needs nothing in a checkpoint beyond the step number.
 
-A run continued with a longer or otherwise changed schedule (``--resume`` after changing ``max_steps``,
-``num_epoch``, ``lr``, ``warmup_epoch`` or ``lr_power``) does not restart the curve: from the step it resumes at,
-``continued_lr`` decays from the learning rate the saved run had reached (scaled by new ``lr`` / old ``lr``) to zero at
-the new end, with the new power. The step and that learning rate are saved with the run (``TrainState``), so a
-later resume follows the same curve.
+A run continued with a changed schedule goes on from the LR it had reached instead of restarting this curve:
+``trainer.run_state.step_lr`` is where the trainer takes the LR of a step from.
 
 One deliberate difference: with warm-up, arcface_torch's ``PolynomialLRWarmup`` leaves the first update at the
 optimizer's initial learning rate (the peak), because a torch scheduler's constructor takes its step 0 before
@@ -44,17 +41,6 @@ def lr_at(step: int, base_lr: float, warmup_steps: int, total_steps: int, power:
     # warmup_steps <= step < total_steps, so the denominator is >= 1.
     progress = (step - warmup_steps) / (total_steps - warmup_steps)
     return base_lr * (1.0 - progress) ** power
-
-
-def continued_lr(step: int, from_step: int, from_lr: float, total_steps: int, power: float = 1.0) -> float:
-    """Learning rate for optimizer step ``step >= from_step`` of a run whose schedule changed at ``from_step``,
-    where its learning rate was ``from_lr``: ``from_lr * (1 - (step - from_step) / (total_steps - from_step)) **
-    power``, 0.0 at or past ``total_steps``."""
-    if step < from_step:
-        raise ValueError(f"continued_lr(step={step}) before the step the schedule changed at ({from_step})")
-    if step >= total_steps:
-        return 0.0
-    return from_lr * (1.0 - (step - from_step) / (total_steps - from_step)) ** power
 
 
 def apply_lr(optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer], lr: float) -> None:

@@ -69,18 +69,20 @@ def test_explicit_resume_continues_a_longer_schedule_with_a_lower_lr_and_another
     assert "lr_power 1.0 → 2.0" in warning[0], warning
     lrs = logged_lrs(output)
     assert min(s for s in lrs if lrs[s][0] == 20) == 13 and max(lrs) == 20  # from the saved step to the new end
-    # The LR goes on from the one it had reached (0.1 / 12 at step 11), scaled by 0.01 / 0.1, and decays to 0 at
-    # step 20 with power 2; it does not restart the new curve (0.01 (1 - 12/20)^2 would be 0.0016).
+    # The finished curve's step 12 would train at 0: the LR goes on from the last step's (0.1 / 12 at step 11),
+    # scaled by 0.01 / 0.1, and decays to 0 at step 20 with power 2, no step repeated; it does not restart the new
+    # curve (0.01 (1 - 12/20)^2 would be 0.0016).
     assert float(lrs[12][1]) == pytest.approx(0.1 / 12, abs=1e-6)  # logged with 6 decimals
-    assert "the learning rate goes on from 0.000833333 at step 12 and decays to 0 at step 20" in warning[0], warning
-    assert float(lrs[13][1]) == pytest.approx(0.1 / 12 * 0.1, abs=1e-6)  # logged with 6 decimals
-    assert float(lrs[14][1]) == pytest.approx(0.1 / 12 * 0.1 * (1 - 1 / 8) ** 2, abs=1e-6)  # logged with 6 decimals
+    assert "the learning rate goes on from 0.000833333 at step 11 and decays to 0 at step 20" in warning[0], warning
+    assert float(lrs[13][1]) == pytest.approx(0.1 / 12 * 0.1 * (1 - 1 / 9) ** 2, abs=1e-6)  # logged with 6 decimals
+    assert float(lrs[14][1]) == pytest.approx(0.1 / 12 * 0.1 * (1 - 2 / 9) ** 2, abs=1e-6)
     assert find_latest(output) == step_dir(output, 20)
 
 
 def test_extending_a_run_continues_its_learning_rate(tmp_path):
     """`--resume` with max_steps 20 -> 30: the learning rate goes on from where it was and decays to 0 at the new
-    end (it jumped back up: the new schedule from step 0); a later resume without changes follows the same curve."""
+    end (it jumped back up: the new schedule from step 0); the resumed step trains at the saved curve's LR for that
+    step (it repeated the step before's); a later resume without changes follows the same curve."""
     output = tmp_path / "run"
     sets = ("max_steps=20", "frequent=1", "save_every_steps=5", "keep_checkpoints=5")
     train(CONFIG, output, *sets)
@@ -90,11 +92,13 @@ def test_extending_a_run_continues_its_learning_rate(tmp_path):
     proc = train(CONFIG, output, "max_steps=30", *sets[1:], "--resume")
     warning = [line for line in proc.stdout.splitlines() if "with a changed config" in line]
     assert len(warning) == 1 and "max_steps 20 → 30" in warning[0], proc.stdout
-    assert f"goes on from {before[10]:.6g} at step 10 and decays to 0 at step 30" in warning[0], warning
+    assert f"goes on from {before[11]:.6g} at step 10 and decays to 0 at step 30" in warning[0], warning
     after = {step: float(lr) for step, (total, lr) in logged_lrs(output).items() if total == 30}
-    assert after[11] == pytest.approx(before[10], abs=1e-6)  # continuous: step 10's LR, then down to 0 at 30
+    # The line of step n reports the LR of 0-based step n - 1: step 10 trains at the 20-step curve's LR for step 10,
+    # not again at step 9's, then on down to 0 at 30.
+    assert after[11] == pytest.approx(before[11], abs=1e-6) and after[11] < before[10]
     assert all(after[s + 1] < after[s] for s in range(11, 30))
-    assert after[30] == pytest.approx(before[10] / 20, abs=1e-6)
+    assert after[30] == pytest.approx(before[11] / 20, abs=1e-6)
     shutil.rmtree(step_dir(output, 30))
     shutil.rmtree(step_dir(output, 25))  # resumed again at 20, same config: the same curve
     train(CONFIG, output, "max_steps=30", *sets[1:])

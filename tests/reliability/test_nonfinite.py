@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from tests.helpers import train
-from utils.checkpoint import TrainState, find_latest, load_common, step_dir
+from trainer.run_state import TrainState
+from utils.checkpoint import find_latest, load_common, step_dir
 
 
 def snapshot(job) -> dict[str, torch.Tensor]:

@@ -7,6 +7,7 @@ continues to the end from early and late in an epoch (2 -> 3, past the 3-rank ep
 """
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -106,11 +107,11 @@ def epoch_runs(tmp_path_factory) -> dict[int, Path]:
 def test_resume_position_keeps_the_fraction_of_training():
     """The issue's example: 10 of 20 epochs done on 8 ranks, resumed on 4: the same epoch position and LR,
     and 10 epochs left (the old arithmetic gave LR 0.056 instead of 0.025 and 15 epochs)."""
-    from utils.checkpoint import TrainState, resume_position
+    from trainer.run_state import TrainState, resume_position
     from utils.lr_scheduler import lr_at
 
     def position(step, epoch, in_epoch, saved, world, spe, max_steps=0):
-        s = resume_position(TrainState(step, epoch, in_epoch), saved, world, spe, max_steps)
+        s = resume_position(TrainState(step, epoch, in_epoch), saved, world, spe * world // saved, spe, max_steps)
         return s.step, s.epoch, s.step_in_epoch
 
     spe8, spe4 = 1000, 2000  # steps per epoch of one dataset on 8 and 4 ranks
@@ -141,3 +142,55 @@ def test_epoch_schedule_continues_on_another_world_size(epoch_runs, tmp_path, sa
     assert {s: got[s] for s in got} == {s: want[s] for s in got}, (got, want)
     # Resumed where the samples consumed put it: the same fraction of the two epochs.
     assert abs((first - 1) / total - stop_step / max(logged_lrs(epoch_runs[saved_world]))) <= 1 / total
+
+
+# ------------------------------------------------------------------------------------ extended, then moved
+# Issue 45: a run made longer with --resume, then continued on another number of ranks, went back to the
+# configured curve (20 -> 30 steps: step 21 at 0.0333 instead of 0.0275); its continued schedule must carry over.
+EXTENDED = ("save_every_steps=5", "keep_checkpoints=10", "frequent=1")
+
+
+@pytest.fixture(scope="module")
+def extended_run(tmp_path_factory) -> Path:
+    """20 steps on 1 rank, resumed at step 10 with max_steps = 30 and trained to the end: the single-process
+    curve of an extended run."""
+    output = tmp_path_factory.mktemp("extended") / "run"
+    train(CONFIG, output, "max_steps=20", *EXTENDED)
+    for step in (15, 20):
+        shutil.rmtree(step_dir(output, step))
+    proc = train(CONFIG, output, "max_steps=30", *EXTENDED, "--resume")
+    assert "goes on from" in proc.stdout, proc.stdout[-3000:]
+    return output
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world", [2, 3])
+def test_an_extended_run_moved_to_more_ranks_keeps_its_continued_schedule(extended_run, tmp_path, world):
+    output = copy_checkpoints_until(extended_run, tmp_path / "moved", step=20)
+    proc = train(CONFIG, output, "max_steps=30", *EXTENDED, nproc=world)
+    assert f"world size changed 1 -> {world}" in proc.stdout and "at step 20" in proc.stdout, proc.stdout[-3000:]
+    single, moved = logged_lrs(extended_run), logged_lrs(output)
+    assert sorted(moved) == list(range(21, 31)), sorted(moved)
+    assert {s: moved[s] for s in moved} == {s: single[s] for s in moved}, (moved, single)
+    assert float(moved[21][1]) < float(single[20][1])  # continuous: on down from step 20's, not back up
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_an_extended_epoch_run_moved_to_two_ranks_follows_the_curve_at_the_same_fraction(tmp_path):
+    """Epochs of 96 images: 12 steps on 1 rank, 6 on 2. Two epochs, made four at step 12 (the continued curve
+    anchored there), then moved to 2 ranks at step 24: the step and the anchor are recounted (12, 6), and each
+    2-rank step k has the LR of 1-rank step 2k."""
+    epochs = ("max_steps=0", "num_image=96", "save_every_steps=0", "keep_checkpoints=10", "frequent=1")
+    single = tmp_path / "single"
+    train(CONFIG, single, *epochs, "num_epoch=2")
+    shutil.rmtree(step_dir(single, 24))
+    train(CONFIG, single, *epochs, "num_epoch=4", "--resume")
+    output = copy_checkpoints_until(single, tmp_path / "moved", step=24)
+    proc = train(CONFIG, output, *epochs, "num_epoch=4", nproc=2)
+    assert "world size changed 1 -> 2" in proc.stdout and "at step 12" in proc.stdout, proc.stdout[-3000:]
+    one, two = logged_lrs(single), logged_lrs(output)
+    assert sorted(two) == list(range(13, 25)), sorted(two)
+    # The line of step k reports the LR of 0-based step k - 1: 2-rank step k - 1 is 1-rank step 2k - 2.
+    assert {k: two[k][1] for k in two} == {k: one[2 * k - 1][1] for k in two}, (two, one)
