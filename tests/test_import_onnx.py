@@ -394,3 +394,37 @@ def test_any_other_file_is_one_line_saying_what_was_found_and_what_is_supported(
         assert lines[0].endswith("supported: IResNet r18, r34, r50, r100, r200 (and tiny) and MobileFaceNet mbf, "
                                  "mbf_large, as arcface_torch's torch2onnx.py exports them"), lines[0]
     assert not out.exists() and stdout == ""
+
+
+# ------------------------------------------------------------------------------------------------ fine-tuning
+def _job(imported: Path, freeze_bn: bool, logger):
+    from trainer.build import build
+    from utils.config import load_config
+
+    cfg = load_config("configs/debug_cpu", ["num_classes=16", "sample_rate=1.0",
+                                            f"init_backbone={imported / 'model.pt'}", f"freeze_bn={freeze_bn}"])
+    return build(cfg, 0, 1, torch.device("cpu"), logger)
+
+
+@pytest.mark.parametrize("freeze_bn", [False, True])
+def test_the_trainer_says_folded_batch_norms_need_freeze_bn_and_with_it_starts_at_the_onnx_model(
+        tiny, imported, caplog, freeze_bn):
+    """freeze_bn off: one start line, and the training-mode forward is not the ONNX model's (its folded batch norms
+    normalise with the batch's statistics); freeze_bn on: no line, and the first step computes what the ONNX model
+    does."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="test"):
+        job = _job(imported, freeze_bn, logging.getLogger("test"))
+    said = [r.getMessage() for r in caplog.records if "freeze_bn" in r.getMessage()]
+    assert said == ([] if freeze_bn else [
+        f"init_backbone {imported / 'model.pt'}: 13 of its batch norms were folded into convolutions by the ONNX "
+        f"exporter and have no statistics (model.json); with freeze_bn = False they normalise with each batch's and "
+        f"change the model at the first step: set freeze_bn = True (docs/finetuning.md)"])
+    job.backbone.train()
+    job.fine_tuning.set_modes(job.backbone, 0)
+    x = images(8)
+    with torch.no_grad():
+        first_step = job.backbone(x).numpy()
+    difference = relative(first_step, onnxruntime_embeddings(tiny[0], x))
+    assert (difference <= TOLERANCE) if freeze_bn else (difference > 0.1), difference
