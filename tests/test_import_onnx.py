@@ -316,6 +316,27 @@ def test_an_out_dir_holding_a_model_is_refused_and_kept(tiny, imported, capsys):
     assert (imported / "model.pt").read_bytes() == before
 
 
+def test_an_import_that_does_not_compute_what_the_file_does_exits_1_writing_nothing(tiny, tmp_path, capsys,
+                                                                                    monkeypatch):
+    """The check against onnxruntime before anything is written (here an import with one weight changed)."""
+    import dataclasses
+
+    from scripts import import_onnx
+
+    read = import_onnx.read_onnx
+
+    def off(path, mean, std):
+        imported = read(path, mean, std)
+        state = dict(imported.state_dict, **{"fc.weight": imported.state_dict["fc.weight"] * 1.01})
+        return dataclasses.replace(imported, state_dict=state)
+
+    monkeypatch.setattr(import_onnx, "read_onnx", off)
+    rc, stdout, stderr = import_tool(capsys, tiny[0], tmp_path / "out")
+    assert rc == 1 and re.fullmatch(rf"import_onnx: error: {re.escape(str(tiny[0]))}: the imported tiny differs from "
+                                    rf"onnxruntime by \S+ \(relative\), over 0.001; nothing written\n", stderr), stderr
+    assert not (tmp_path / "out").exists() and stdout == ""
+
+
 class _Detector(nn.Module):
     """A face detector's shape (SCRFD, RetinaFace): scores, boxes and landmarks per anchor."""
 
@@ -428,3 +449,59 @@ def test_the_trainer_says_folded_batch_norms_need_freeze_bn_and_with_it_starts_a
         first_step = job.backbone(x).numpy()
     difference = relative(first_step, onnxruntime_embeddings(tiny[0], x))
     assert (difference <= TOLERANCE) if freeze_bn else (difference > 0.1), difference
+
+
+def _verify(capsys, *model: str, data_dir: Path) -> str:
+    """The held-out row of eval.verify's table for ``model`` (its options), without the target name."""
+    from eval import verify
+
+    capsys.readouterr()
+    assert verify.main([*model, "--data-dir", str(data_dir), "--targets", "held_out", "--device", "cpu"]) == 0
+    return next(line for line in capsys.readouterr().out.splitlines() if line.startswith("held_out")).split(None, 1)[1]
+
+
+def _logged_accuracy(log: str, step: int) -> str:
+    """The held-out flip accuracy of the training log's verification at ``step``, as printed (5 decimals)."""
+    table = log.split(f"verification at step {step}\n", 1)[1]
+    return next(line for line in table.splitlines() if line.startswith("held_out")).split()[2].split("±")[0]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_fine_tuning_an_import_starts_at_the_onnx_model_and_improves_it(tmp_path, capsys):
+    """tests/test_finetune.py's data and recipe (6 epochs instead of 10), from an ONNX file of its pre-trained model:
+    eval.verify prints the same numbers for the file and for its import; the run's own verification after the head
+    warm-up (the backbone as imported) is the ONNX model's; at the end it is better on the held-out identities."""
+    import shutil
+    from concurrent.futures import ThreadPoolExecutor
+
+    from backbones import get_model
+    from tests.helpers import train
+    from tests.test_finetune import FINETUNE, RECIPE_SIZE, _pretrain, _write_other_camera_sets
+
+    with ThreadPoolExecutor(1) as pool:  # the pre-training on one core, the other camera's sets on the other
+        pretraining = pool.submit(_pretrain, tmp_path)
+        tuning, held_out = _write_other_camera_sets(tmp_path)
+        pretrained = pretraining.result()
+    shutil.copy(held_out, tuning / "held_out.bin")  # where the trainer's verification looks for it
+    model = get_model("tiny", num_features=256, widths=(2, 8, 16, 32))
+    model.load_state_dict(torch.load(pretrained, weights_only=True), strict=True)
+    published = export_like_arcface_torch(model, tmp_path / "published.onnx")
+    assert import_tool(capsys, published, tmp_path / "imported")[0] == 0
+    imported = tmp_path / "imported" / "model.pt"
+
+    onnx_row = _verify(capsys, "--onnx", str(published), data_dir=tuning)
+    assert _verify(capsys, "--weights", str(imported), data_dir=tuning) == onnx_row  # every number of the row
+
+    warmup, total = 36, 108  # RECIPE_SIZE's head warm-up (two epochs of 18 steps), then four more epochs
+    data = (f"rec={tuning}", f"num_classes={FINETUNE[0]}", f"num_image={FINETUNE[0] * FINETUNE[1]}")
+    train("configs/finetune_example", tmp_path / "finetuned", *RECIPE_SIZE, *data, f"init_backbone={imported}",
+          "num_epoch=6", "val_targets=held_out", f"verbose={warmup}")
+    log = (tmp_path / "finetuned" / "training.log").read_text()
+    start, end = _logged_accuracy(log, warmup), _logged_accuracy(log, total)
+    with capsys.disabled():
+        print(f"\nheld-out pairs of the other camera, eval.verify of the ONNX model and of its import: {onnx_row}; "
+              f"the recipe from the import: {start} after its head warm-up, {end} at its end")
+    assert start == onnx_row.split()[1].split("±")[0]
+    assert float(end) >= float(start) + 0.05
+    assert "were folded into convolutions" not in log  # the recipe freezes the batch norms: no warning
