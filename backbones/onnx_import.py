@@ -506,7 +506,7 @@ def fill(model: nn.Module, layers: list[_Layer]) -> dict[str, torch.Tensor]:
         target.copy_(torch.from_numpy(np.require(value, requirements=("C", "W"))).to(target.dtype))
 
     with torch.no_grad():
-        for (name, m), layer in zip(modules, layers):
+        for (name, m), layer in zip(modules, layers, strict=True):
             if not isinstance(m, _MODULES[layer.kind]):
                 raise UsageError(f"{name}: a {type(m).__name__} in the module, a {layer.kind} in the graph")
             if layer.kind == "bn":

@@ -158,9 +158,10 @@ def test_every_iresnet_depth_reads_back_equal_to_onnxruntime(depth, tmp_path):
         registered_network(recognised)
 
 
-@pytest.mark.parametrize("network", ["r50", "mbf"])
+@pytest.mark.parametrize("network", ["r50", "mbf", "mbf_large"])
 def test_the_model_zoo_networks_import_at_full_size_under_their_names(network, tmp_path):
-    """w600k_r50 and w600k_mbf as they are: the registered network, 512-d, the same forward as onnxruntime's."""
+    """w600k_r50's and w600k_mbf's networks (and mbf_large) at full size: the registered network, 512-d, the same
+    forward as onnxruntime's."""
     from backbones import get_model
     from backbones.onnx_import import FOLDED_KEY, read_onnx
 
@@ -168,7 +169,7 @@ def test_the_model_zoo_networks_import_at_full_size_under_their_names(network, t
     path = export_like_arcface_torch(source, tmp_path / f"w600k_{network}.onnx")
     imported = read_onnx(path, 127.5, 127.5)
     assert (imported.network, imported.network_kwargs, imported.embedding_size) == (network, {}, 512)
-    assert imported.facts[FOLDED_KEY] == {"r50": 1 + 2 * 24 + 4, "mbf": 49}[network]
+    assert imported.facts[FOLDED_KEY] == {"r50": 1 + 2 * 24 + 4, "mbf": 49, "mbf_large": 90}[network]
     model = get_model(network)
     model.load_state_dict(imported.state_dict, strict=True)
     x = images(2)
@@ -240,7 +241,8 @@ def _variant(source: Path, kind: str, path: Path) -> Path:
             names = [f"{out}/{k}" for k in ("scale", "bias", "mean", "var")]
             values = [rng.uniform(0.5, 1.5, c), rng.uniform(-0.3, 0.3, c), rng.uniform(-0.3, 0.3, c),
                       rng.uniform(0.5, 2.0, c)]
-            graph.initializer.extend(numpy_helper.from_array(v.astype(np.float32), n) for n, v in zip(names, values))
+            graph.initializer.extend(numpy_helper.from_array(v.astype(np.float32), name)
+                                     for name, v in zip(names, values, strict=True))
             nodes.insert(nodes.index(node) + 1,
                          helper.make_node("BatchNormalization", [node.output[0], *names], [out], epsilon=1e-3))
     elif kind == "bn1d_in_gemm":  # the embedding's batch norm folded into the Gemm: the graph ends at the Gemm
