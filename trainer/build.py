@@ -15,7 +15,7 @@ from dataset import DaliLoader, FaceDataLoader, build_data
 from eval.callback import CallbackVerification
 from losses import build_margin
 from partial_fc import PartialFC, build_optimizers
-from trainer.finetune import FineTuning, prepare
+from trainer.finetune import FineTuning, folded_batch_norms_warning, prepare
 from trainer.parallelize import parallelize
 from utils.config import Config, Derived, check_world, data_identity, derive, fingerprint
 from utils.files import load_weights
@@ -70,6 +70,8 @@ def build(cfg: Config, rank: int, world_size: int, device: torch.device, logger:
     fine_tuning, summary = prepare(backbone, cfg)  # frozen stages leave DDP's reducer: freeze before wrapping
     if summary is not None:
         logger.info("%s", summary)
+    if (warning := folded_batch_norms_warning(cfg.init_backbone, cfg.freeze_bn)) is not None:
+        logger.warning("%s", warning)
     wrapped = parallelize(backbone, cfg, device, world_size)
 
     head = PartialFC(build_margin(cfg), cfg.embedding_size, cfg.num_classes, cfg.sample_rate, seed=cfg.seed,

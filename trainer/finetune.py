@@ -16,6 +16,9 @@ Each config key is a no-op at its default, so a run that sets none trains as bef
   and would need its batch-norm statistics put back; no graph at all is correct under DDP and under gradient
   accumulation alike, and the cheapest.
 - ``backbone_lr_scale``: ``train.optimizer_step`` sets the backbone's LR to the schedule's LR times the scale.
+
+A model imported from ONNX (scripts/import_onnx.py) lost the statistics of the batch norms its exporter folded:
+``folded_batch_norms_warning`` is the start line that says so when ``freeze_bn`` is off.
 """
 from __future__ import annotations
 
@@ -23,6 +26,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from backbones.onnx_import import FOLDED_KEY
+from eval.model_card import card_beside, card_with_thresholds
 from utils.config import Config
 
 _BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
@@ -89,3 +94,18 @@ def prepare(backbone: nn.Module, cfg: Config) -> tuple[FineTuning, str | None]:
     if cfg.head_warmup_steps:
         parts.append(f"head alone for the first {cfg.head_warmup_steps} steps")
     return plan, "fine-tuning: " + ", ".join(parts)
+
+
+def folded_batch_norms_warning(init_backbone: str | None, freeze_bn: bool) -> str | None:
+    """The start line for a run that would change its starting model at the first step: ``init_backbone``'s
+    model.json says the exporter had folded batch norms into convolutions (an ONNX import: they hold identity
+    statistics and the bias), and ``freeze_bn`` is off, so those batch norms would normalise with the batch's
+    statistics in training mode. None otherwise, or when the weights have no model.json."""
+    if not init_backbone or freeze_bn or not card_beside(init_backbone).is_file():
+        return None
+    folded = card_with_thresholds(card_beside(init_backbone)).get(FOLDED_KEY, 0)
+    if not folded:
+        return None
+    return (f"init_backbone {init_backbone}: {folded} of its batch norms were folded into convolutions by the ONNX "
+            f"exporter and have no statistics (model.json); with freeze_bn = False they normalise with each "
+            f"batch's and change the model at the first step: set freeze_bn = True (docs/finetuning.md)")
