@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from utils.config import (BASE_CONFIG, CONFIG_DIR, FINGERPRINT_EXCLUDED, Config, _base_defaults, _RULES,
-                          check_paths, check_world, derive, fingerprint, keys_table, load_config)
+from utils.config import (BASE_CONFIG, CONFIG_DIR, FINGERPRINT_EXCLUDED, Config, base_file, check_paths, check_world,
+                          derive, fingerprint, load_config)
+from utils.config import _coerce
+from utils.config_keys import KEYS
 
 SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("*.py") if p.stem != "__init__")
 
@@ -24,7 +26,7 @@ def write_cfg(tmp_path: Path, body: str, name: str = "exp") -> str:
 def test_every_shipped_config_loads(name):
     cfg = load_config(f"configs/{name}")
     assert cfg.name == name
-    assert set(cfg) == set(_base_defaults())
+    assert list(cfg) == list(KEYS)
     if name in ("base", "image_folder_r50"):  # num_classes/num_image None: the trainer takes them from the dataset
         cfg = cfg.updated(num_classes=1000, num_image=100_000)
     d = derive(cfg, 1 if name == "debug_cpu" else 8)
@@ -56,15 +58,36 @@ def test_output_none_resolves_like_arcface_torch(tmp_path):
     assert cfg.output == str(Path("work_dirs") / "my_exp")
 
 
-def test_base_comment_for_every_key():
-    table = keys_table()
-    for key in _base_defaults():
-        row = next(line for line in table.splitlines() if line.startswith(f"| `{key}` |"))
-        assert len(row.split("|")[3].strip()) > 10, f"{key} has no comment in {BASE_CONFIG}"
+def test_base_py_is_written_from_the_declarations():
+    """configs/base.py, the file users read and copy, is the declarations' (python -m utils.config --write-base)."""
+    assert BASE_CONFIG.read_text() == base_file(), (
+        "configs/base.py differs from utils/config_keys.py: edit the declaration, then python -m utils.config "
+        "--write-base")
 
 
-def test_every_rule_names_a_base_key():
-    assert set(_RULES) <= set(_base_defaults())
+def test_every_declaration_is_complete():
+    """Each declared default has its declared type and passes its rule (checked by loading base, whose values are
+    the defaults), and each key says what it means."""
+    assert load_config("configs/base").to_dict() == {k: _coerce(key, key.default, "") for k, key in KEYS.items()} \
+        | {"output": str(Path("work_dirs") / "base")}
+    assert [name for name, key in KEYS.items() if len(key.doc) < 20] == []
+
+
+def test_a_key_missing_from_an_edited_base_py_keeps_its_declared_default(tmp_path, monkeypatch):
+    """arcface_torch's users edit base.py: its values are the defaults of every recipe, a key it no longer sets
+    keeps the declared default, and a key it sets that is not declared is refused, naming base.py."""
+    import utils.config as config
+
+    edited = tmp_path / "base.py"
+    edited.write_text(base_file().replace("config.lr = 0.1\n", "config.lr = 0.2\n").replace("config.seed = 2048\n", ""))
+    monkeypatch.setattr(config, "BASE_CONFIG", edited)
+    monkeypatch.setattr(config, "_BASE_CACHE", {})
+    cfg = load_config("configs/debug_cpu")
+    assert (cfg.lr, cfg.seed) == (0.2, KEYS["seed"].default)
+    edited.write_text(base_file() + "config.learning_rate = 0.2\n")
+    monkeypatch.setattr(config, "_BASE_CACHE", {})
+    with pytest.raises(ValueError, match=rf"{edited}: unknown key 'learning_rate'; did you mean 'lr'\?"):
+        load_config("configs/debug_cpu")
 
 
 # ------------------------------------------------------------------------------ rejection
@@ -266,13 +289,13 @@ def test_config_is_read_only_and_picklable():
     plain = cfg.to_dict()
     plain["network_kwargs"]["widths"] = (1,)  # a copy: the config does not change
     assert cfg.network_kwargs["widths"] == (8, 16, 16, 32)
-    assert cfg["lr"] == cfg.lr and "lr" in cfg and len(cfg) == len(_base_defaults())
+    assert cfg["lr"] == cfg.lr and "lr" in cfg and len(cfg) == len(KEYS)
 
 
 def test_str_lists_every_key_and_marks_changes():
     text = str(load_config("configs/debug_cpu"))
     lines = text.splitlines()
-    assert len(lines) == len(_base_defaults()) + 1
+    assert len(lines) == len(KEYS) + 1
     assert any(line.startswith(" * network ") and "'tiny'" in line for line in lines)
     assert any(line.startswith("   optimizer ") for line in lines)
 

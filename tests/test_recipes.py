@@ -21,7 +21,9 @@ import pytest
 import torch
 
 from tests.helpers import FIXTURES, ROOT, reference_polynomial_warmup
-from utils.config import CONFIG_DIR, _base_defaults, _load_module_config, derive, fingerprint, load_config
+from utils.config import (BASE_CONFIG, CONFIG_DIR, _coerce, _load_module_config, derive, fingerprint, load_config,
+                          resolve_config_path)
+from utils.config_keys import KEYS
 from utils.lr_scheduler import lr_at
 
 ARC, COS = (1.0, 0.5, 0.0), (1.0, 0.0, 0.4)  # margin_list of ArcFace and CosFace
@@ -134,7 +136,7 @@ def test_recipe_has_the_published_values(name):
     cfg = load_config(f"configs/{name}")
     for key, value in published(name).items():
         want = EXPRESSED_AS.get((name, key), value)
-        default = _base_defaults()[key]
+        default = KEYS[key].default
         kind = int if default is None else type(default)  # num_classes, num_image: None = the dataset's
         assert cfg[key] == want and type(cfg[key]) is kind, (key, cfg[key], want)
     assert cfg.val_targets == (() if name in NO_VERIFICATION else ("lfw", "cfp_fp", "agedb_30"))
@@ -145,12 +147,12 @@ def test_recipe_has_the_published_values(name):
 
 
 @pytest.mark.parametrize("name", shipped())
-def test_config_sets_only_what_differs_from_base(name):
-    written = _load_module_config(CONFIG_DIR / f"{name}.py")
-    base = _base_defaults()
-    same = [k for k, v in written.items() if (list(v) if isinstance(v, (list, tuple)) else v) ==
-            (list(base[k]) if isinstance(base[k], (list, tuple)) else base[k]) and type(v) is type(base[k])]
-    assert same == [], f"configs/{name}.py repeats defaults of configs/base.py: {same}"
+def test_config_sets_only_what_differs_from_what_it_builds_on(name):
+    written, parent = _load_module_config(CONFIG_DIR / f"{name}.py")
+    below = load_config(str(resolve_config_path(parent, CONFIG_DIR) if parent else BASE_CONFIG)).to_dict()
+    below["output"] = KEYS["output"].default if parent is None else below["output"]
+    same = [k for k, v in written.items() if _coerce(KEYS[k], v, "") == below[k]]
+    assert same == [], f"configs/{name}.py repeats values of {parent or 'configs/base.py'}: {same}"
 
 
 @pytest.mark.parametrize("name,key", sorted(EXPRESSED_AS))
