@@ -447,3 +447,66 @@ def test_a_config_that_is_not_there_is_named_with_the_closest_or_its_new_name():
         load_config("configs/wf42m_pfc02_r50")
     assert all((CONFIG_DIR / f"{new}.py").is_file() and not (CONFIG_DIR / f"{old}.py").exists()
                for old, new in RENAMED_CONFIGS.items())
+
+
+# ------------------------------------------------------------------------------ recipes on recipes
+
+def test_a_recipe_builds_on_another_by_name_or_beside_it(tmp_path):
+    """`base = "NAME"` names a recipe beside the file before one in configs/; `config` sets what differs from it."""
+    (tmp_path / "debug_cpu.py").write_text('base = "configs/debug_cpu"\nconfig = {"lr": 0.01, "seed": 3}\n')
+    child = tmp_path / "child.py"
+    child.write_text('from easydict import EasyDict as edict\nbase = "debug_cpu"\nconfig = edict()\nconfig.seed = 7\n')
+    cfg = load_config(str(child))
+    assert (cfg.lr, cfg.seed, cfg.network, cfg.name, cfg.source) == (0.01, 7, "tiny", "child", str(child))
+    assert cfg.output == "work_dirs/debug_cpu"  # configs/debug_cpu.py's, as written there
+    assert cfg.to_dict() == load_config("configs/debug_cpu", ["lr=0.01", "seed=7"]).to_dict()
+
+
+@pytest.mark.parametrize("base,needle", [
+    ('"nowhere"', r"child\.py: base = 'nowhere': config 'nowhere' not found .*$"),
+    ('"debug_cpux"', r"child\.py: base = 'debug_cpux': .*did you mean configs/debug_cpu\?$"),
+    ("3", r"child\.py: base = 3; expected the name or path of the recipe this one builds on"),
+    ('"child"', r"child\.py: its bases make a cycle \(.*child\.py -> .*child\.py\)"),
+])
+def test_a_base_that_cannot_serve_is_one_line_naming_the_file(tmp_path, base, needle):
+    path = tmp_path / "child.py"
+    path.write_text(f"from easydict import EasyDict as edict\nbase = {base}\nconfig = edict()\n")
+    with pytest.raises(ValueError, match=needle) as err:
+        load_config(str(path))
+    assert "\n" not in str(err.value)
+
+
+def test_a_cycle_through_two_recipes_is_refused(tmp_path):
+    (tmp_path / "a.py").write_text('base = "b"\nconfig = {}\n')
+    (tmp_path / "b.py").write_text('base = "a"\nconfig = {}\n')
+    with pytest.raises(ValueError, match=r"a\.py: its bases make a cycle \(.*a\.py -> .*b\.py -> .*a\.py\)"):
+        load_config(str(tmp_path / "a.py"))
+
+
+def test_origins_says_where_every_value_came_from():
+    from utils.config import origins
+
+    lines = origins("configs/demo_cpu_adaface", ["lr=0.001", "wandb_key=secret"]).splitlines()
+    assert lines[0] == "config demo_cpu_adaface: configs/demo_cpu_adaface.py <- configs/demo_cpu.py <- configs/base.py"
+    rows = {line.split()[0]: line.split()[-1] for line in lines[1:]}
+    assert list(rows) == list(KEYS)
+    assert (rows["margin"], rows["network"], rows["seed"]) == (
+        "configs/demo_cpu_adaface.py", "configs/demo_cpu.py", "configs/base.py")
+    assert rows["lr"] == "lr=0.001" and " 0.001 " in lines[1 + list(KEYS).index("lr")]
+    assert "secret" not in "".join(lines[1:]).replace("wandb_key=secret", "") and "'<hidden>'" in "".join(lines)
+
+
+def test_the_command_line(tmp_path, monkeypatch, capsys):
+    import utils.config as config
+
+    assert config.main(["--set", "lr=0.5", "configs/debug_cpu"]) == 0
+    assert "--set lr=0.5" in capsys.readouterr().out
+    assert config.main([]) == 0 and capsys.readouterr().out.strip() == config.keys_table()
+    assert config.main(["configs/nope"]) == 2
+    assert capsys.readouterr().err.startswith("utils.config: error: config 'configs/nope' not found")
+    monkeypatch.setattr(config, "BASE_CONFIG", tmp_path / "base.py")
+    monkeypatch.setattr(config, "DOCS_PAGE", tmp_path / "configuration.md")
+    (tmp_path / "configuration.md").write_text("# Keys\n\n| key | old |\n| --- | --- |\n| `lr` | 1 |\n\nAfter.\n")
+    assert config.main(["--write-base", "--write-docs"]) == 0
+    assert (tmp_path / "base.py").read_text() == base_file()
+    assert (tmp_path / "configuration.md").read_text() == f"# Keys\n\n{config.keys_table()}\n\nAfter.\n"
