@@ -435,7 +435,10 @@ def import_run(source: Path, config: str, overrides: list[str], archive_old: boo
     for i, rank in enumerate(ranks):
         class_start, _ = class_partition(cfg.num_classes, world, i)
         heads.append(head_shard(rank.weight, head_state(rank, template, cfg.optimizer), class_start, cfg.num_classes))
-    head = PartialFC(build_margin(cfg), cfg.embedding_size, 1, seed=cfg.seed)  # its buffers' names: none for ArcFace
+    margin = build_margin(cfg.margin, scale=cfg.margin_scale, gradient=cfg.margin_gradient, margin_list=cfg.margin_list,
+                          interclass_filtering_threshold=cfg.interclass_filtering_threshold, adaface_m=cfg.adaface_m,
+                          adaface_h=cfg.adaface_h, adaface_t_alpha=cfg.adaface_t_alpha)
+    head = PartialFC(margin, cfg.embedding_size, 1, seed=cfg.seed)  # its buffers' names: none for ArcFace
 
     data = data_identity(cfg.rec)
     state = TrainState(step=step, epoch=rank0.epoch, step_in_epoch=0)  # arcface_torch saves at epoch ends

@@ -374,7 +374,9 @@ def test_dali_needs_num_classes():
     cfg = load_config("configs/debug_cpu", ["dali=true", "num_classes=none"])
     assert cfg.dali is True and cfg.num_classes is None
     with pytest.raises(ValueError, match=r"^dali = True needs num_classes: the DALI reader does not count classes$"):
-        build_data(cfg, 0, 1, torch.device("cpu"), logging.getLogger("test_config"))
+        build_data(cfg.rec, cfg.batch_size, num_classes=cfg.num_classes, num_image=cfg.num_image, seed=cfg.seed,
+                   num_workers=0, dali=cfg.dali, rank=0, world_size=1, device=torch.device("cpu"),
+                   logger=logging.getLogger("test_config"))
 
 
 # ------------------------------------------------------------------------------ fingerprint

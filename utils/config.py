@@ -34,7 +34,7 @@ from utils.config_keys import (COMMON_NAMES, FINGERPRINT_EXCLUDED, FINGERPRINT_L
 
 __all__ = ["BASE_CONFIG", "COMMON_NAMES", "CONFIG_DIR", "FINGERPRINT_EXCLUDED", "FINGERPRINT_LEGACY", "FIXED_KEYS",
            "FORMER_KEYS", "RENAMED_CONFIGS", "SCHEDULE_KEYS", "SECRET_KEYS", "Config", "Derived", "base_file",
-           "check_paths", "check_world", "data_identity", "defaults", "derive", "fingerprint", "keys_table",
+           "check_paths", "check_world", "data_identity", "derive", "fingerprint", "keys_table",
            "load_config", "origins", "redacted", "resolve_config_path"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -192,11 +192,6 @@ class Derived:
 
 
 # ------------------------------------------------------------------------------------------------ loading
-
-def defaults() -> dict[str, Any]:
-    """Every key's declared default, in the declarations' order (a fresh copy)."""
-    return {name: _thaw(_freeze(key.default)) for name, key in KEYS.items()}
-
 
 def _load_module_config(path: Path) -> tuple[dict[str, Any], str | None]:
     """Execute the recipe at ``path`` (user-written code, like any training script): its ``config`` and the
