@@ -599,7 +599,7 @@ def keys_table() -> str:
     rows = ["| key | default | type | changed on resume | meaning |", "| --- | --- | --- | --- | --- |"]
     for name, key in KEYS.items():
         if not key.fingerprint:
-            resume = "continues"
+            resume = "outside the fingerprint"
         elif key.on_resume == "fixed":
             resume = f"refused: {key.reason}"
         else:
