@@ -24,10 +24,10 @@ import sys
 import textwrap
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from utils.config_keys import (COMMON_NAMES, FINGERPRINT_EXCLUDED, FINGERPRINT_LEGACY, FIXED_KEYS, KEYS,
                                SCHEDULE_KEYS, SECRET_KEYS, SECTIONS, Key, type_name)
@@ -91,7 +91,7 @@ class Config(Mapping):
     others already read. Picklable (it crosses ``spawn`` boundaries and is stored in checkpoints as a dict).
     """
 
-    __slots__ = ("_data", "_source", "_name")
+    __slots__ = ("_data", "_name", "_source")
 
     def __init__(self, data: Mapping[str, Any], source: str = "", name: str = "") -> None:
         object.__setattr__(self, "_data", {k: _freeze(v) for k, v in data.items()})
@@ -144,7 +144,7 @@ class Config(Mapping):
     def __reduce__(self) -> tuple:
         return (Config, (self.to_dict(), self._source, self._name))
 
-    def updated(self, **values: Any) -> "Config":
+    def updated(self, **values: Any) -> Config:
         """A new configuration with ``values`` replaced (keys must exist); this one is left as it is. For values
         only the run can know, such as ``num_classes = None`` filled in from the dataset."""
         unknown = [k for k in values if k not in self._data]
@@ -640,14 +640,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("--set needs a config: python -m utils.config configs/NAME --set KEY=VALUE")
         args.config, args.overrides = names[0], [value for value in args.overrides if value != names[0]]
 
+    def write(path: Path, text: str) -> None:
+        atomic_write(path, lambda f: f.write(text.encode()))
+        print(f"wrote {path}")
+
     def work() -> None:
         if args.write_base or args.write_docs:
-            for wanted, path, text in ((args.write_base, BASE_CONFIG, base_file),
-                                       (args.write_docs, DOCS_PAGE, lambda: _docs_with_table(DOCS_PAGE.read_text()))):
-                if wanted:
-                    content = text().encode()
-                    atomic_write(path, lambda f: f.write(content))
-                    print(f"wrote {path}")
+            if args.write_base:
+                write(BASE_CONFIG, base_file())
+            if args.write_docs:
+                write(DOCS_PAGE, _docs_with_table(DOCS_PAGE.read_text()))
         elif args.config:
             print(origins(args.config, args.overrides))
         else:

@@ -172,8 +172,9 @@ SECTIONS: tuple[Section, ...] = (
         Key("sample_rate", 1.0, float,
             "Fraction of class centres sampled per step (all positives + random negatives); range (0, 1]. 1 = full "
             "softmax.",
-            rule=(lambda v: 0 < v <= 1, "in (0, 1] (arcface_torch's 0, which keeps only the class centres of "
-                         "the batch's identities, is written here as a rate below 1 / num_classes, e.g. 1e-7)"),
+            rule=(lambda v: 0 < v <= 1, ("in (0, 1] (arcface_torch's 0, which keeps only the class centres of the "
+                                         "batch's identities, is written here as a rate below 1 / num_classes, "
+                                         "e.g. 1e-7)")),
             aliases=("sample_ratio", "pfc_rate")),
         Key("sub_centers", 1, int,
             "Centres per class (sub-center ArcFace, ECCV 2020): a class's cosine is that of its closest centre, so "
@@ -186,8 +187,8 @@ SECTIONS: tuple[Section, ...] = (
             'centres and their optimizer state) | "all" (arcface_torch: every centre every step; momentum and weight '
             "decay also move unsampled ones; to reproduce its published numbers exactly). The same at sample_rate = "
             "1.",
-            rule=(lambda v: v in ("sampled", "all"), "'sampled' (only the sampled centres, the Partial FC "
-                         "paper) or 'all' (every centre every step, arcface_torch)"),
+            rule=(lambda v: v in ("sampled", "all"), ("'sampled' (only the sampled centres, the Partial FC paper) "
+                                                      "or 'all' (every centre every step, arcface_torch)")),
             legacy="sampled"),
         Key("compile_head", False, bool,
             "Run the fused margin-softmax's collective-free parts (cosines -> logits -> each row's max and "
@@ -258,8 +259,8 @@ SECTIONS: tuple[Section, ...] = (
         Key("backbone_lr_scale", 1.0, float,
             "The backbone's learning rate as a multiple of the head's (the schedule's lr): a backbone that starts "
             "from init_backbone moves less than the fresh head; finite and > 0 (1 = both at lr).",
-            rule=(lambda v: _finite(v) and v > 0, "finite and > 0 (1 = the head's lr; to keep the "
-                               "backbone as it is, set head_warmup_steps to the run's length instead)"),
+            rule=(lambda v: _finite(v) and v > 0, ("finite and > 0 (1 = the head's lr; to keep the backbone as it "
+                                                   "is, set head_warmup_steps to the run's length instead)")),
             legacy=1.0),
         Key("freeze_bn", False, bool,
             "Keep every batch-norm layer of the backbone in eval mode while training: it normalises with its running "
@@ -271,8 +272,7 @@ SECTIONS: tuple[Section, ...] = (
             "kept): IResNet stem = conv1/bn1/prelu, stages layer1..layer4; MobileFaceNet stem = its first two units, "
             "stages = each stride-2 bottleneck with its residual blocks (3); ViT stem = patch_embed and pos_embed, "
             "stages = its blocks (depth). 0 = nothing frozen; >= 0 and at most the network's stage count.",
-            rule=(lambda v: v >= 0, ">= 0 (0 = nothing frozen; at most the network's stage count, "
-                           "docs/finetuning.md)"),
+            rule=(lambda v: v >= 0, ">= 0 (0 = nothing frozen; at most the network's stage count, docs/finetuning.md)"),
             legacy=0),
         Key("head_warmup_steps", 0, int,
             "Train the head alone for this many optimizer steps: the backbone runs as at inference (eval mode, no "
@@ -322,9 +322,10 @@ SECTIONS: tuple[Section, ...] = (
             "sample) so that a resumed or resized run sees the same batches, and DALI's GPU operators have no exact "
             "CPU counterpart, so the two loaders would train on different images. Recipes that set it train without "
             "it (their docstring says so).",
-            rule=(lambda v: v is False, "False: arcface_torch's DALI augmentation is not implemented, because our "
-                      "loaders make every image a function of (seed, epoch, sample) and DALI's GPU operators have no "
-                      "exact CPU counterpart; set dali_aug = False to train with flips only"),
+            rule=(lambda v: v is False, ("False: arcface_torch's DALI augmentation is not implemented, because our "
+                                         "loaders make every image a function of (seed, epoch, sample) and DALI's GPU "
+                                         "operators have no exact CPU counterpart; set dali_aug = False to train "
+                                         "with flips only")),
             legacy=False),
         Key("num_workers", 2, int,
             "Data-loading worker processes per rank; >= 0 (0 = load in the training process).",
