@@ -2,11 +2,6 @@
 (arcface_torch's glint360k_r100)."""
 from easydict import EasyDict as edict
 
+base = "glint360k_r50"  # every value of configs/glint360k_r50.py, then these
 config = edict()
-config.margin_list = (1.0, 0.0, 0.4)
 config.network = "r100"
-config.fp16 = True
-config.weight_decay = 1e-4
-config.rec = "/train_tmp/glint360k"
-config.num_classes = 360232
-config.num_image = 17091657

@@ -2,11 +2,8 @@
 epochs, fp16 (arcface_torch's ms1mv2_mbf)."""
 from easydict import EasyDict as edict
 
+base = "ms1mv2_r50"  # every value of configs/ms1mv2_r50.py, then these
 config = edict()
 config.network = "mbf"
-config.fp16 = True
 config.weight_decay = 1e-4
-config.rec = "/train_tmp/faces_emore"
-config.num_classes = 85742
-config.num_image = 5822653
 config.num_epoch = 40

@@ -2,9 +2,6 @@
 epochs, fp16 (arcface_torch's ms1mv2_r100)."""
 from easydict import EasyDict as edict
 
+base = "ms1mv2_r50"  # every value of configs/ms1mv2_r50.py, then these
 config = edict()
 config.network = "r100"
-config.fp16 = True
-config.rec = "/train_tmp/faces_emore"
-config.num_classes = 85742
-config.num_image = 5822653

@@ -2,9 +2,6 @@
 lr 0.02, weight decay 5e-4, 20 epochs, fp16 (arcface_torch's ms1mv3_r50_onegpu)."""
 from easydict import EasyDict as edict
 
+base = "ms1mv3_r50"  # every value of configs/ms1mv3_r50.py, then these
 config = edict()
-config.fp16 = True
 config.lr = 0.02
-config.rec = "/train_tmp/ms1m-retinaface-t1"
-config.num_classes = 93431
-config.num_image = 5179510

@@ -3,13 +3,7 @@
 wf12m_conflict_r50_pfc03_filter04)."""
 from easydict import EasyDict as edict
 
+base = "wf12m_conflict_r50"  # every value of configs/wf12m_conflict_r50.py, then these
 config = edict()
-config.margin_list = (1.0, 0.0, 0.4)
 config.sample_rate = 0.3
 config.interclass_filtering_threshold = 0.4
-config.fp16 = True
-config.rec = "/train_tmp/WebFace12M_Conflict"
-config.num_classes = 1017970
-config.num_image = 12720066
-config.warmup_epoch = 2
-config.val_targets = []

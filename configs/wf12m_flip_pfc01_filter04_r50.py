@@ -3,13 +3,7 @@ images per GPU, SGD lr 0.1, weight decay 5e-4, 20 epochs with 2 of warm-up, fp16
 wf12m_flip_pfc01_filter04_r50)."""
 from easydict import EasyDict as edict
 
+base = "wf12m_flip_r50"  # every value of configs/wf12m_flip_r50.py, then these
 config = edict()
-config.margin_list = (1.0, 0.0, 0.4)
 config.sample_rate = 0.1
 config.interclass_filtering_threshold = 0.4
-config.fp16 = True
-config.rec = "/train_tmp/WebFace12M_FLIP40"
-config.num_classes = 617970
-config.num_image = 12720066
-config.warmup_epoch = 2
-config.val_targets = []

@@ -2,12 +2,7 @@
 (arcface_torch's wf12m_mbf)."""
 from easydict import EasyDict as edict
 
+base = "wf12m_r50"  # every value of configs/wf12m_r50.py, then these
 config = edict()
-config.margin_list = (1.0, 0.0, 0.4)
 config.network = "mbf"
-config.fp16 = True
 config.weight_decay = 1e-4
-config.rec = "/train_tmp/WebFace12M"
-config.num_classes = 617970
-config.num_image = 12720066
-config.val_targets = []

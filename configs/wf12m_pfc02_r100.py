@@ -2,12 +2,6 @@
 decay 5e-4, 20 epochs, fp16 (arcface_torch's wf12m_pfc02_r100)."""
 from easydict import EasyDict as edict
 
+base = "wf12m_r100"  # every value of configs/wf12m_r100.py, then these
 config = edict()
-config.margin_list = (1.0, 0.0, 0.4)
-config.network = "r100"
 config.sample_rate = 0.2
-config.fp16 = True
-config.rec = "/train_tmp/WebFace12M"
-config.num_classes = 617970
-config.num_image = 12720066
-config.val_targets = []

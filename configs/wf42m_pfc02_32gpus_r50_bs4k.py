@@ -3,13 +3,6 @@ batch 4096), SGD lr 0.4, weight decay 5e-4, 20 epochs with 2 of warm-up, fp16 (a
 wf42m_pfc02_32gpus_r50_bs4k)."""
 from easydict import EasyDict as edict
 
+base = "wf42m_pfc02_8gpus_r50_bs4k"  # every value of configs/wf42m_pfc02_8gpus_r50_bs4k.py, then these
 config = edict()
-config.margin_list = (1.0, 0.0, 0.4)
-config.sample_rate = 0.2
-config.fp16 = True
-config.lr = 0.4
-config.verbose = 10000
-config.rec = "/train_tmp/WebFace42M"
-config.num_classes = 2059906
-config.num_image = 42474557
-config.warmup_epoch = 2
+config.batch_size = 128

@@ -3,14 +3,7 @@ batch 4096), SGD lr 0.4, weight decay 5e-4, 20 epochs with 2 of warm-up, fp16 (a
 wf42m_pfc02_r100_32gpus)."""
 from easydict import EasyDict as edict
 
+base = "wf42m_pfc02_r100"  # every value of configs/wf42m_pfc02_r100.py, then these
 config = edict()
-config.margin_list = (1.0, 0.0, 0.4)
-config.network = "r100"
-config.sample_rate = 0.2
-config.fp16 = True
 config.lr = 0.4
-config.verbose = 10000
-config.rec = "/train_tmp/WebFace42M"
-config.num_classes = 2059906
-config.num_image = 42474557
 config.warmup_epoch = 2

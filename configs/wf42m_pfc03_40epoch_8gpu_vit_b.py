@@ -3,19 +3,7 @@
 warm-up, fp16 (arcface_torch's wf42m_pfc03_40epoch_8gpu_vit_b)."""
 from easydict import EasyDict as edict
 
+base = "wf42m_pfc03_40epoch_64gpu_vit_b"  # every value of configs/wf42m_pfc03_40epoch_64gpu_vit_b.py, then these
 config = edict()
-config.margin_list = (1.0, 0.0, 0.4)
-config.network = "vit_b_dp005_mask_005"
-config.sample_rate = 0.3
-config.fp16 = True
-config.optimizer = "adamw"
-config.lr = 0.001
-config.weight_decay = 0.1
 config.batch_size = 256
 config.gradient_acc = 12
-config.rec = "/train_tmp/WebFace42M"
-config.num_classes = 2059906
-config.num_image = 42474557
-config.num_epoch = 40
-config.warmup_epoch = 4
-config.val_targets = []

@@ -2,10 +2,6 @@
 (arcface_torch's wf4m_r100)."""
 from easydict import EasyDict as edict
 
+base = "wf4m_r50"  # every value of configs/wf4m_r50.py, then these
 config = edict()
-config.margin_list = (1.0, 0.0, 0.4)
 config.network = "r100"
-config.fp16 = True
-config.rec = "/train_tmp/WebFace4M"
-config.num_classes = 205990
-config.num_image = 4235242

@@ -1,4 +1,4 @@
-"""The training loader a config asks for: DALI's or ours over the dataset ``rec`` names."""
+"""The training loader a run asks for: DALI's or ours over the dataset ``rec`` names."""
 from __future__ import annotations
 
 import logging
@@ -8,30 +8,29 @@ import torch
 from dataset.dali import DaliLoader, get_dali_dataloader
 from dataset.faces import build_dataset
 from dataset.loader import FaceDataLoader, get_dataloader
-from utils.config import Config
 
 
-def build_data(cfg: Config, rank: int, world_size: int, device: torch.device,
-               logger: logging.Logger) -> tuple[FaceDataLoader | DaliLoader, Config]:
-    """The loader, and the config with `num_classes`/`num_image` filled in from the dataset when left None."""
-    if cfg.dali:
-        if cfg.num_classes is None:
+def build_data(rec: str, batch_size: int, *, num_classes: int | None, num_image: int | None, seed: int,
+               num_workers: int, dali: bool, rank: int, world_size: int, device: torch.device,
+               logger: logging.Logger) -> tuple[FaceDataLoader | DaliLoader, int, int]:
+    """``(loader, num_classes, num_image)``: the loader of ``rank`` over ``rec`` (NVIDIA DALI's when ``dali``) and
+    the class and image counts, ``num_classes`` / ``num_image`` when given (the image count must be the dataset's),
+    else what the dataset holds; both are logged with where they came from."""
+    if dali:
+        if num_classes is None:
             raise ValueError("dali = True needs num_classes: the DALI reader does not count classes")
-        loader = get_dali_dataloader(cfg.rec, cfg.batch_size, rank=rank, world_size=world_size, seed=cfg.seed,
-                                     device=device, num_classes=cfg.num_classes)
-        num_images, num_classes = loader.num_images, cfg.num_classes
+        loader = get_dali_dataloader(rec, batch_size, rank=rank, world_size=world_size, seed=seed, device=device,
+                                     num_classes=num_classes)
+        images, classes = loader.num_images, num_classes
     else:
-        data = build_dataset(cfg.rec, num_classes=cfg.num_classes, seed=cfg.seed, num_images=cfg.num_image)
-        loader = get_dataloader(data, cfg.batch_size, rank=rank, world_size=world_size, seed=cfg.seed,
-                                num_workers=cfg.num_workers, device=device)
-        num_images, num_classes = len(data), data.num_classes
-    if cfg.num_image is not None and num_images != cfg.num_image:
-        raise ValueError(f"num_image = {cfg.num_image} in the config, but the dataset {cfg.rec!r} holds {num_images} "
-                         f"images; set num_image = {num_images} or None (it sets the steps per epoch and the LR)")
-    logger.info("data %s: num_classes = %d (%s), num_image = %d (%s)", cfg.rec, num_classes,
-                "the config's" if cfg.num_classes is not None else "from the dataset", num_images,
-                "the config's" if cfg.num_image is not None else "from the dataset")
-    if cfg.num_classes is None or cfg.num_image is None:
-        cfg = cfg.updated(num_classes=num_classes, num_image=num_images)
-    return loader, cfg
-
+        data = build_dataset(rec, num_classes=num_classes, seed=seed, num_images=num_image)
+        loader = get_dataloader(data, batch_size, rank=rank, world_size=world_size, seed=seed,
+                                num_workers=num_workers, device=device)
+        images, classes = len(data), data.num_classes
+    if num_image is not None and images != num_image:
+        raise ValueError(f"num_image = {num_image} in the config, but the dataset {rec!r} holds {images} "
+                         f"images; set num_image = {images} or None (it sets the steps per epoch and the LR)")
+    logger.info("data %s: num_classes = %d (%s), num_image = %d (%s)", rec, classes,
+                "the config's" if num_classes is not None else "from the dataset", images,
+                "the config's" if num_image is not None else "from the dataset")
+    return loader, classes, images

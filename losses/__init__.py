@@ -10,12 +10,12 @@ without the checks (the head has checked every rank's labels already). Labels ar
 where the sample's class is not among these columns. ``norms`` are the norms of the embeddings before
 normalisation, which the head computes anyway: AdaFace reads them, the angle-only margins ignore them.
 
-``build_margin(cfg)`` builds the configured margin from the table ``MARGINS`` (config key ``margin``).
+``build_margin(name, ...)`` builds a margin by its name (config key ``margin``) from the table ``MARGINS``.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from torch import Tensor, nn
 
@@ -37,18 +37,23 @@ class Margin(Protocol):
 # (B, C) logits (``partial_fc.functions.MarginSoftmax``); AdaFace clamps every column and is applied as above.
 
 
-# config `margin` -> the margin module built from the config's keys.
-MARGINS: dict[str, Callable[[Mapping[str, Any]], nn.Module]] = {
-    "combined": lambda cfg: CombinedMarginLoss(cfg["margin_scale"], *cfg["margin_list"],
-                                               cfg["interclass_filtering_threshold"], gradient=cfg["margin_gradient"]),
-    "adaface": lambda cfg: AdaFace(cfg["margin_scale"], cfg["adaface_m"], cfg["adaface_h"], cfg["adaface_t_alpha"],
-                                   gradient=cfg["margin_gradient"]),
+# config `margin` -> the margin module, from the settings it reads (``build_margin``'s keywords).
+MARGINS: dict[str, Callable[..., nn.Module]] = {
+    "combined": lambda scale, gradient, margin_list, interclass_filtering_threshold, **_: CombinedMarginLoss(
+        scale, *margin_list, interclass_filtering_threshold, gradient=gradient),
+    "adaface": lambda scale, gradient, adaface_m, adaface_h, adaface_t_alpha, **_: AdaFace(
+        scale, adaface_m, adaface_h, adaface_t_alpha, gradient=gradient),
 }
 
 
-def build_margin(cfg: Mapping[str, Any]) -> nn.Module:
-    """The margin a config asks for (``cfg["margin"]``, a key of ``MARGINS``); ``ValueError`` for another name."""
-    name = cfg["margin"]
-    if name not in MARGINS:
-        raise ValueError(f"margin = {name!r} is unknown; expected one of {sorted(MARGINS)}")
-    return MARGINS[name](cfg)
+def build_margin(margin: str, *, scale: float, gradient: GradientMode, margin_list: Sequence[float],
+                 interclass_filtering_threshold: float, adaface_m: float, adaface_h: float,
+                 adaface_t_alpha: float) -> nn.Module:
+    """The margin named ``margin`` (a key of ``MARGINS``) with logit scale ``scale`` and ``gradient``: "combined"
+    reads ``margin_list`` (m1, m2, m3) and ``interclass_filtering_threshold``, "adaface" the three ``adaface_``
+    values (the config keys of the same names). ``ValueError`` for another name."""
+    if margin not in MARGINS:
+        raise ValueError(f"margin = {margin!r} is unknown; expected one of {sorted(MARGINS)}")
+    return MARGINS[margin](scale=scale, gradient=gradient, margin_list=margin_list,
+                           interclass_filtering_threshold=interclass_filtering_threshold, adaface_m=adaface_m,
+                           adaface_h=adaface_h, adaface_t_alpha=adaface_t_alpha)

@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from utils.config import (BASE_CONFIG, CONFIG_DIR, FINGERPRINT_EXCLUDED, Config, _base_defaults, _RULES,
-                          check_paths, check_world, derive, fingerprint, keys_table, load_config)
+from utils.config import (BASE_CONFIG, CONFIG_DIR, FINGERPRINT_EXCLUDED, Config, base_file, check_paths, check_world,
+                          derive, fingerprint, load_config)
+from utils.config import _coerce
+from utils.config_keys import KEYS
 
 SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("*.py") if p.stem != "__init__")
 
@@ -24,7 +26,7 @@ def write_cfg(tmp_path: Path, body: str, name: str = "exp") -> str:
 def test_every_shipped_config_loads(name):
     cfg = load_config(f"configs/{name}")
     assert cfg.name == name
-    assert set(cfg) == set(_base_defaults())
+    assert list(cfg) == list(KEYS)
     if name in ("base", "image_folder_r50"):  # num_classes/num_image None: the trainer takes them from the dataset
         cfg = cfg.updated(num_classes=1000, num_image=100_000)
     d = derive(cfg, 1 if name == "debug_cpu" else 8)
@@ -56,15 +58,36 @@ def test_output_none_resolves_like_arcface_torch(tmp_path):
     assert cfg.output == str(Path("work_dirs") / "my_exp")
 
 
-def test_base_comment_for_every_key():
-    table = keys_table()
-    for key in _base_defaults():
-        row = next(line for line in table.splitlines() if line.startswith(f"| `{key}` |"))
-        assert len(row.split("|")[3].strip()) > 10, f"{key} has no comment in {BASE_CONFIG}"
+def test_base_py_is_written_from_the_declarations():
+    """configs/base.py, the file users read and copy, is the declarations' (python -m utils.config --write-base)."""
+    assert BASE_CONFIG.read_text() == base_file(), (
+        "configs/base.py differs from utils/config_keys.py: edit the declaration, then python -m utils.config "
+        "--write-base")
 
 
-def test_every_rule_names_a_base_key():
-    assert set(_RULES) <= set(_base_defaults())
+def test_every_declaration_is_complete():
+    """Each declared default has its declared type and passes its rule (checked by loading base, whose values are
+    the defaults), and each key says what it means."""
+    assert load_config("configs/base").to_dict() == {k: _coerce(key, key.default, "") for k, key in KEYS.items()} \
+        | {"output": str(Path("work_dirs") / "base")}
+    assert [name for name, key in KEYS.items() if len(key.doc) < 20] == []
+
+
+def test_a_key_missing_from_an_edited_base_py_keeps_its_declared_default(tmp_path, monkeypatch):
+    """arcface_torch's users edit base.py: its values are the defaults of every recipe, a key it no longer sets
+    keeps the declared default, and a key it sets that is not declared is refused, naming base.py."""
+    import utils.config as config
+
+    edited = tmp_path / "base.py"
+    edited.write_text(base_file().replace("config.lr = 0.1\n", "config.lr = 0.2\n").replace("config.seed = 2048\n", ""))
+    monkeypatch.setattr(config, "BASE_CONFIG", edited)
+    monkeypatch.setattr(config, "_BASE_CACHE", {})
+    cfg = load_config("configs/debug_cpu")
+    assert (cfg.lr, cfg.seed) == (0.2, KEYS["seed"].default)
+    edited.write_text(base_file() + "config.learning_rate = 0.2\n")
+    monkeypatch.setattr(config, "_BASE_CACHE", {})
+    with pytest.raises(ValueError, match=rf"{edited}: unknown key 'learning_rate'; did you mean 'lr'\?"):
+        load_config("configs/debug_cpu")
 
 
 # ------------------------------------------------------------------------------ rejection
@@ -266,13 +289,13 @@ def test_config_is_read_only_and_picklable():
     plain = cfg.to_dict()
     plain["network_kwargs"]["widths"] = (1,)  # a copy: the config does not change
     assert cfg.network_kwargs["widths"] == (8, 16, 16, 32)
-    assert cfg["lr"] == cfg.lr and "lr" in cfg and len(cfg) == len(_base_defaults())
+    assert cfg["lr"] == cfg.lr and "lr" in cfg and len(cfg) == len(KEYS)
 
 
 def test_str_lists_every_key_and_marks_changes():
     text = str(load_config("configs/debug_cpu"))
     lines = text.splitlines()
-    assert len(lines) == len(_base_defaults()) + 1
+    assert len(lines) == len(KEYS) + 1
     assert any(line.startswith(" * network ") and "'tiny'" in line for line in lines)
     assert any(line.startswith("   optimizer ") for line in lines)
 
@@ -351,7 +374,9 @@ def test_dali_needs_num_classes():
     cfg = load_config("configs/debug_cpu", ["dali=true", "num_classes=none"])
     assert cfg.dali is True and cfg.num_classes is None
     with pytest.raises(ValueError, match=r"^dali = True needs num_classes: the DALI reader does not count classes$"):
-        build_data(cfg, 0, 1, torch.device("cpu"), logging.getLogger("test_config"))
+        build_data(cfg.rec, cfg.batch_size, num_classes=cfg.num_classes, num_image=cfg.num_image, seed=cfg.seed,
+                   num_workers=0, dali=cfg.dali, rank=0, world_size=1, device=torch.device("cpu"),
+                   logger=logging.getLogger("test_config"))
 
 
 # ------------------------------------------------------------------------------ fingerprint
@@ -424,3 +449,66 @@ def test_a_config_that_is_not_there_is_named_with_the_closest_or_its_new_name():
         load_config("configs/wf42m_pfc02_r50")
     assert all((CONFIG_DIR / f"{new}.py").is_file() and not (CONFIG_DIR / f"{old}.py").exists()
                for old, new in RENAMED_CONFIGS.items())
+
+
+# ------------------------------------------------------------------------------ recipes on recipes
+
+def test_a_recipe_builds_on_another_by_name_or_beside_it(tmp_path):
+    """`base = "NAME"` names a recipe beside the file before one in configs/; `config` sets what differs from it."""
+    (tmp_path / "debug_cpu.py").write_text('base = "configs/debug_cpu"\nconfig = {"lr": 0.01, "seed": 3}\n')
+    child = tmp_path / "child.py"
+    child.write_text('from easydict import EasyDict as edict\nbase = "debug_cpu"\nconfig = edict()\nconfig.seed = 7\n')
+    cfg = load_config(str(child))
+    assert (cfg.lr, cfg.seed, cfg.network, cfg.name, cfg.source) == (0.01, 7, "tiny", "child", str(child))
+    assert cfg.output == "work_dirs/debug_cpu"  # configs/debug_cpu.py's, as written there
+    assert cfg.to_dict() == load_config("configs/debug_cpu", ["lr=0.01", "seed=7"]).to_dict()
+
+
+@pytest.mark.parametrize("base,needle", [
+    ('"nowhere"', r"child\.py: base = 'nowhere': config 'nowhere' not found .*$"),
+    ('"debug_cpux"', r"child\.py: base = 'debug_cpux': .*did you mean configs/debug_cpu\?$"),
+    ("3", r"child\.py: base = 3; expected the name or path of the recipe this one builds on"),
+    ('"child"', r"child\.py: its bases make a cycle \(.*child\.py -> .*child\.py\)"),
+])
+def test_a_base_that_cannot_serve_is_one_line_naming_the_file(tmp_path, base, needle):
+    path = tmp_path / "child.py"
+    path.write_text(f"from easydict import EasyDict as edict\nbase = {base}\nconfig = edict()\n")
+    with pytest.raises(ValueError, match=needle) as err:
+        load_config(str(path))
+    assert "\n" not in str(err.value)
+
+
+def test_a_cycle_through_two_recipes_is_refused(tmp_path):
+    (tmp_path / "a.py").write_text('base = "b"\nconfig = {}\n')
+    (tmp_path / "b.py").write_text('base = "a"\nconfig = {}\n')
+    with pytest.raises(ValueError, match=r"a\.py: its bases make a cycle \(.*a\.py -> .*b\.py -> .*a\.py\)"):
+        load_config(str(tmp_path / "a.py"))
+
+
+def test_origins_says_where_every_value_came_from():
+    from utils.config import origins
+
+    lines = origins("configs/demo_cpu_adaface", ["lr=0.001", "wandb_key=secret"]).splitlines()
+    assert lines[0] == "config demo_cpu_adaface: configs/demo_cpu_adaface.py <- configs/demo_cpu.py <- configs/base.py"
+    rows = {line.split()[0]: line.split()[-1] for line in lines[1:]}
+    assert list(rows) == list(KEYS)
+    assert (rows["margin"], rows["network"], rows["seed"]) == (
+        "configs/demo_cpu_adaface.py", "configs/demo_cpu.py", "configs/base.py")
+    assert rows["lr"] == "lr=0.001" and " 0.001 " in lines[1 + list(KEYS).index("lr")]
+    assert "secret" not in "".join(lines[1:]).replace("wandb_key=secret", "") and "'<hidden>'" in "".join(lines)
+
+
+def test_the_command_line(tmp_path, monkeypatch, capsys):
+    import utils.config as config
+
+    assert config.main(["--set", "lr=0.5", "configs/debug_cpu"]) == 0
+    assert "--set lr=0.5" in capsys.readouterr().out
+    assert config.main([]) == 0 and capsys.readouterr().out.strip() == config.keys_table()
+    assert config.main(["configs/nope"]) == 2
+    assert capsys.readouterr().err.startswith("utils.config: error: config 'configs/nope' not found")
+    monkeypatch.setattr(config, "BASE_CONFIG", tmp_path / "base.py")
+    monkeypatch.setattr(config, "DOCS_PAGE", tmp_path / "configuration.md")
+    (tmp_path / "configuration.md").write_text("# Keys\n\n| key | old |\n| --- | --- |\n| `lr` | 1 |\n\nAfter.\n")
+    assert config.main(["--write-base", "--write-docs"]) == 0
+    assert (tmp_path / "base.py").read_text() == base_file()
+    assert (tmp_path / "configuration.md").read_text() == f"# Keys\n\n{config.keys_table()}\n\nAfter.\n"

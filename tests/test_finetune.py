@@ -236,17 +236,32 @@ def test_defaults_log_nothing_and_keep_the_fingerprint_of_older_checkpoints(capl
     assert all(p.requires_grad for name, p in job.backbone.named_parameters() if name != "features.weight")
 
 
+def test_the_fine_tuning_line_is_left_out_at_the_declared_defaults():
+    """prepare says nothing when every fine-tuning setting is its config key's declared default, and one line
+    when any is not."""
+    from backbones import get_model
+    from trainer.finetune import prepare
+    from utils.config_keys import KEYS
+
+    defaults = {key: KEYS[key].default for key in ("freeze_stages", "freeze_bn", "head_warmup_steps",
+                                                   "backbone_lr_scale")}
+    model = get_model("tiny", num_features=8, widths=(4, 8, 8, 16))
+    assert prepare(model, "tiny", 0.1, **defaults)[1] is None
+    for key, value in (("freeze_bn", True), ("head_warmup_steps", 5), ("backbone_lr_scale", 0.5)):
+        line = prepare(model, "tiny", 0.1, **defaults | {key: value})[1]
+        assert line is not None and line.startswith("fine-tuning: backbone lr = "), (key, line)
+
+
 @pytest.mark.parametrize("network,stages,last", [("tiny", 4, "layer4"), ("mbf", 3, "stage3"),
                                                  ("vit_t", 12, "blocks.11")])
 def test_every_backbone_family_names_its_stages(network, stages, last):
     from backbones import get_model
     from trainer.finetune import prepare
-    from utils.config import load_config
 
     def freeze(n: int):
-        cfg = load_config("configs/debug_cpu", [f"network={network}", "network_kwargs={}", f"freeze_stages={n}"])
         model = get_model(network, num_features=32)
-        return model, prepare(model, cfg)
+        return model, prepare(model, network, 0.1, freeze_stages=n, freeze_bn=False, head_warmup_steps=0,
+                              backbone_lr_scale=1.0)
 
     model, (plan, line) = freeze(stages)
     names = {n for n, _ in [*model.named_modules(), *model.named_parameters()]}

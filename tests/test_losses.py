@@ -222,20 +222,34 @@ def test_adaface_checks_labels_and_norms():
         AdaFace()(torch.zeros(2, 5), torch.tensor([0, 1]), torch.ones(2, 1))
 
 
-def test_build_margin_from_config():
+def test_build_margin_by_name():
     from losses import MARGINS, build_margin
-    from utils.config import load_config
 
-    combined = build_margin(load_config("configs/debug_cpu", ["margin_list=1,0,0.35", "margin_scale=30",
-                                                              "margin_gradient=exact"]))
+    settings = {"scale": 30.0, "gradient": "exact", "margin_list": (1.0, 0.0, 0.35),
+                "interclass_filtering_threshold": 0.2, "adaface_m": 0.3, "adaface_h": 0.5, "adaface_t_alpha": 0.1}
+    combined = build_margin("combined", **settings)
     assert isinstance(combined, CombinedMarginLoss)
     assert (combined.s, combined.m1, combined.m2, combined.m3, combined.gradient) == (30.0, 1.0, 0.0, 0.35, "exact")
-    ada = build_margin(load_config("configs/debug_cpu", ["margin=adaface", "adaface_m=0.3", "adaface_h=0.5",
-                                                         "adaface_t_alpha=0.1", "margin_scale=32"]))
+    assert combined.interclass_filtering_threshold == 0.2
+    ada = build_margin("adaface", **settings | {"gradient": "straight_through"})
     assert isinstance(ada, AdaFace)
-    assert (ada.s, ada.m, ada.h, ada.t_alpha, ada.gradient) == (32.0, 0.3, 0.5, 0.1, "straight_through")
+    assert (ada.s, ada.m, ada.h, ada.t_alpha, ada.gradient) == (30.0, 0.3, 0.5, 0.1, "straight_through")
     # README: the config's margin_gradient defaults to straight-through; the classes used directly differ.
     assert (AdaFace().gradient, CombinedMarginLoss(64.0, 1.0, 0.5, 0.0).gradient) == ("exact", "straight_through")
     assert sorted(MARGINS) == ["adaface", "combined"]
     with pytest.raises(ValueError, match=r"margin = 'sphereface' is unknown; expected one of \['adaface', 'c"):
-        build_margin({"margin": "sphereface"})
+        build_margin("sphereface", **settings)
+
+
+def test_the_trainer_builds_the_margin_its_config_names():
+    from trainer.build import build_margin_of
+    from utils.config import load_config
+
+    combined = build_margin_of(load_config("configs/debug_cpu", ["margin_list=1,0,0.35", "margin_scale=30",
+                                                                 "margin_gradient=exact"]))
+    assert isinstance(combined, CombinedMarginLoss)
+    assert (combined.s, combined.m1, combined.m2, combined.m3, combined.gradient) == (30.0, 1.0, 0.0, 0.35, "exact")
+    ada = build_margin_of(load_config("configs/debug_cpu", ["margin=adaface", "adaface_m=0.3", "adaface_h=0.5",
+                                                            "adaface_t_alpha=0.1", "margin_scale=32"]))
+    assert isinstance(ada, AdaFace)
+    assert (ada.s, ada.m, ada.h, ada.t_alpha, ada.gradient) == (32.0, 0.3, 0.5, 0.1, "straight_through")

@@ -5,16 +5,25 @@ from its repository). ``test_table_matches_recipes_tsv`` cross-checks it against
 ``tests/fixtures/recipes.tsv`` (every arcface_torch recipe's effective values, read from its repository). Three published values are refused by
 our config rules; ``EXPRESSED_AS`` says how each recipe writes the same training behaviour instead, and a test
 per entry shows that the behaviour is the same.
+
+``tests/fixtures/recipes_resolved.json`` pins every shipped config's resolved values and fingerprint as they were
+before the key declarations moved into ``utils/config.py`` (``test_every_config_resolves_as_pinned``): a refactor
+of the loader must not change what any recipe trains. Rewrite it only for a deliberate change of a recipe or a
+default (``python -m tests.test_recipes --write-resolved``), and say so in the commit.
 """
 from __future__ import annotations
 
 import ast
+import json
+import sys
 
 import pytest
 import torch
 
 from tests.helpers import FIXTURES, ROOT, reference_polynomial_warmup
-from utils.config import CONFIG_DIR, _base_defaults, _load_module_config, derive, load_config
+from utils.config import (BASE_CONFIG, CONFIG_DIR, _coerce, _load_module_config, derive, fingerprint, load_config,
+                          resolve_config_path)
+from utils.config_keys import KEYS
 from utils.lr_scheduler import lr_at
 
 ARC, COS = (1.0, 0.5, 0.0), (1.0, 0.0, 0.4)  # margin_list of ArcFace and CosFace
@@ -127,7 +136,7 @@ def test_recipe_has_the_published_values(name):
     cfg = load_config(f"configs/{name}")
     for key, value in published(name).items():
         want = EXPRESSED_AS.get((name, key), value)
-        default = _base_defaults()[key]
+        default = KEYS[key].default
         kind = int if default is None else type(default)  # num_classes, num_image: None = the dataset's
         assert cfg[key] == want and type(cfg[key]) is kind, (key, cfg[key], want)
     assert cfg.val_targets == (() if name in NO_VERIFICATION else ("lfw", "cfp_fp", "agedb_30"))
@@ -138,12 +147,12 @@ def test_recipe_has_the_published_values(name):
 
 
 @pytest.mark.parametrize("name", shipped())
-def test_config_sets_only_what_differs_from_base(name):
-    written = _load_module_config(CONFIG_DIR / f"{name}.py")
-    base = _base_defaults()
-    same = [k for k, v in written.items() if (list(v) if isinstance(v, (list, tuple)) else v) ==
-            (list(base[k]) if isinstance(base[k], (list, tuple)) else base[k]) and type(v) is type(base[k])]
-    assert same == [], f"configs/{name}.py repeats defaults of configs/base.py: {same}"
+def test_config_sets_only_what_differs_from_what_it_builds_on(name):
+    written, parent = _load_module_config(CONFIG_DIR / f"{name}.py")
+    below = load_config(str(resolve_config_path(parent, CONFIG_DIR) if parent else BASE_CONFIG)).to_dict()
+    below["output"] = KEYS["output"].default if parent is None else below["output"]
+    same = [k for k, v in written.items() if _coerce(KEYS[k], v, "") == below[k]]
+    assert same == [], f"configs/{name}.py repeats values of {parent or 'configs/base.py'}: {same}"
 
 
 @pytest.mark.parametrize("name,key", sorted(EXPRESSED_AS))
@@ -191,6 +200,25 @@ def test_docs_list_every_shipped_config():
     assert [name for name in shipped() if f"`{name}`" not in section] == []
 
 
+RESOLVED = FIXTURES / "recipes_resolved.json"
+
+
+def resolved(name: str) -> dict:
+    """What ``configs/<name>`` resolves to: every value's repr (tuples, floats and None as they are), in key
+    order, and the fingerprint."""
+    cfg = load_config(f"configs/{name}")
+    return {"fingerprint": fingerprint(cfg), "values": {key: repr(value) for key, value in cfg.to_dict().items()}}
+
+
+@pytest.mark.parametrize("name", ["base", *shipped()])
+def test_every_config_resolves_as_pinned(name):
+    pinned = json.loads(RESOLVED.read_text())
+    assert sorted(pinned) == sorted(["base", *shipped()])
+    now = resolved(name)
+    assert list(now["values"].items()) == list(pinned[name]["values"].items())
+    assert now["fingerprint"] == pinned[name]["fingerprint"]
+
+
 def test_table_matches_recipes_tsv():
     """The table above against the recipes table it was written from."""
     lines = [line for line in (FIXTURES / "recipes.tsv").read_text().splitlines() if line.strip() and not line.startswith("#")]
@@ -202,3 +230,7 @@ def test_table_matches_recipes_tsv():
         assert set(row) <= set(ours), (name, set(row) - set(ours))
         for key, text in row.items():
             assert ast.literal_eval(text) == ours[key], (name, key, text, ours[key])
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--write-resolved"]:
+    RESOLVED.write_text(json.dumps({name: resolved(name) for name in ["base", *shipped()]}, indent=1) + "\n")

@@ -62,19 +62,35 @@ def build_backbone(cfg: Config, device: torch.device) -> nn.Module:
     return model.to(memory_format=torch.channels_last)
 
 
+def build_margin_of(cfg: Config) -> nn.Module:
+    """The margin ``cfg`` asks for (``margin`` and the keys that margin reads)."""
+    return build_margin(cfg.margin, scale=cfg.margin_scale, gradient=cfg.margin_gradient, margin_list=cfg.margin_list,
+                        interclass_filtering_threshold=cfg.interclass_filtering_threshold, adaface_m=cfg.adaface_m,
+                        adaface_h=cfg.adaface_h, adaface_t_alpha=cfg.adaface_t_alpha)
+
+
 def build(cfg: Config, rank: int, world_size: int, device: torch.device, logger: logging.Logger) -> Job:
-    loader, cfg = build_data(cfg, rank, world_size, device, logger)
+    """Turn ``cfg`` into the run's parts: the one place that reads the config for the components, which take
+    plain arguments. ``num_classes`` / ``num_image`` left None are filled in from the dataset (``job.cfg``)."""
+    loader, num_classes, num_image = build_data(
+        cfg.rec, cfg.batch_size, num_classes=cfg.num_classes, num_image=cfg.num_image, seed=cfg.seed,
+        num_workers=cfg.num_workers, dali=cfg.dali, rank=rank, world_size=world_size, device=device, logger=logger)
+    if cfg.num_classes is None or cfg.num_image is None:
+        cfg = cfg.updated(num_classes=num_classes, num_image=num_image)
     check_world(cfg, world_size)
     torch.manual_seed(cfg.seed)  # every rank builds the same backbone; DDP also broadcasts rank 0's weights
     backbone = build_backbone(cfg, device)
-    fine_tuning, summary = prepare(backbone, cfg)  # frozen stages leave DDP's reducer: freeze before wrapping
+    # Frozen stages leave DDP's reducer: freeze before wrapping.
+    fine_tuning, summary = prepare(backbone, cfg.network, cfg.lr, freeze_stages=cfg.freeze_stages,
+                                   freeze_bn=cfg.freeze_bn, head_warmup_steps=cfg.head_warmup_steps,
+                                   backbone_lr_scale=cfg.backbone_lr_scale)
     if summary is not None:
         logger.info("%s", summary)
     if (warning := folded_batch_norms_warning(cfg.init_backbone, cfg.freeze_bn)) is not None:
         logger.warning("%s", warning)
     wrapped = parallelize(backbone, cfg, device, world_size)
 
-    head = PartialFC(build_margin(cfg), cfg.embedding_size, cfg.num_classes, cfg.sample_rate, seed=cfg.seed,
+    head = PartialFC(build_margin_of(cfg), cfg.embedding_size, cfg.num_classes, cfg.sample_rate, seed=cfg.seed,
                      sub_centers=cfg.sub_centers, update=cfg.head_update, compile=cfg.compile_head, device=device)
     opt_backbone, opt_head = build_optimizers(cfg.optimizer, backbone.parameters(), head, cfg.lr, cfg.momentum,
                                               cfg.weight_decay)

@@ -28,7 +28,7 @@ from torch import nn
 
 from backbones.onnx_import import FOLDED_KEY
 from eval.model_card import card_beside, card_with_thresholds
-from utils.config import Config
+from utils.config_keys import KEYS
 
 _BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
@@ -56,22 +56,24 @@ class FineTuning:
             module.eval()
 
 
-def prepare(backbone: nn.Module, cfg: Config) -> tuple[FineTuning, str | None]:
-    """Freeze the first ``cfg.freeze_stages`` stages of ``backbone`` (call it before DDP wraps the backbone) and
-    return the step's ``FineTuning`` with the one line that says what is frozen and at what LR each part trains
-    (None when every fine-tuning key is at its default). ``ValueError`` when the network has fewer stages."""
+def prepare(backbone: nn.Module, network: str, lr: float, *, freeze_stages: int, freeze_bn: bool,
+            head_warmup_steps: int, backbone_lr_scale: float) -> tuple[FineTuning, str | None]:
+    """Freeze the first ``freeze_stages`` stages of ``backbone`` (call it before DDP wraps the backbone) and return
+    the step's ``FineTuning`` with the one line that says what is frozen and at what LR each part trains (None
+    when every fine-tuning setting is its config key's default). ``network`` names the backbone in errors, ``lr``
+    is the head's peak LR. ``ValueError`` when the network has fewer stages."""
     stages: list[tuple[str, tuple[str, ...]]] = []  # the frozen ones: (stage, names of its modules)
-    if cfg.freeze_stages > 0:
+    if freeze_stages > 0:
         named = getattr(backbone, "stages", None)
         if named is None:
-            raise ValueError(f"freeze_stages = {cfg.freeze_stages}: network {cfg.network!r} does not name its "
+            raise ValueError(f"freeze_stages = {freeze_stages}: network {network!r} does not name its "
                              f"stages; set freeze_stages = 0")
         every = named()
-        if cfg.freeze_stages >= len(every):
-            raise ValueError(f"freeze_stages = {cfg.freeze_stages} is not allowed for network {cfg.network!r}: it "
+        if freeze_stages >= len(every):
+            raise ValueError(f"freeze_stages = {freeze_stages} is not allowed for network {network!r}: it "
                              f"has {len(every) - 1} stages after its stem ({', '.join(n for n, _ in every[1:])}); "
                              f"expected 0..{len(every) - 1}")
-        stages = every[: cfg.freeze_stages + 1]
+        stages = every[: freeze_stages + 1]
     frozen = [name for _, names in stages for name in names]
 
     def is_frozen(qualified: str) -> bool:
@@ -81,18 +83,19 @@ def prepare(backbone: nn.Module, cfg: Config) -> tuple[FineTuning, str | None]:
         if is_frozen(name):
             param.requires_grad_(False)
     frozen_bn = tuple(m for name, m in backbone.named_modules()
-                      if isinstance(m, _BATCH_NORMS) and (cfg.freeze_bn or is_frozen(name)))
-    plan = FineTuning(frozen_bn=frozen_bn, head_warmup_steps=cfg.head_warmup_steps)
-    if (cfg.backbone_lr_scale, cfg.freeze_bn, cfg.freeze_stages, cfg.head_warmup_steps) == (1.0, False, 0, 0):
+                      if isinstance(m, _BATCH_NORMS) and (freeze_bn or is_frozen(name)))
+    plan = FineTuning(frozen_bn=frozen_bn, head_warmup_steps=head_warmup_steps)
+    settings = {"backbone_lr_scale": backbone_lr_scale, "freeze_bn": freeze_bn, "freeze_stages": freeze_stages,
+                "head_warmup_steps": head_warmup_steps}
+    if all(value == KEYS[key].default for key, value in settings.items()):
         return plan, None
-    parts = [f"backbone lr = {cfg.backbone_lr_scale:g} x head lr (peak {cfg.lr:g} -> "
-             f"{cfg.lr * cfg.backbone_lr_scale:g})"]
-    if cfg.freeze_bn:
+    parts = [f"backbone lr = {backbone_lr_scale:g} x head lr (peak {lr:g} -> {lr * backbone_lr_scale:g})"]
+    if freeze_bn:
         parts.append("batch-norm statistics frozen")
     if stages:
         parts.append(f"stages {stages[0][0]}..{stages[-1][0]} frozen (weights and batch-norm statistics)")
-    if cfg.head_warmup_steps:
-        parts.append(f"head alone for the first {cfg.head_warmup_steps} steps")
+    if head_warmup_steps:
+        parts.append(f"head alone for the first {head_warmup_steps} steps")
     return plan, "fine-tuning: " + ", ".join(parts)
 
 

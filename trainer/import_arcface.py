@@ -24,8 +24,8 @@ from torch import nn
 
 from backbones import get_model
 from dataset import build_dataset
-from losses import build_margin
 from partial_fc import PartialFC, build_optimizers, class_partition, head_shard
+from trainer.build import build_margin_of
 from trainer.checkpointing import archive, seeded_rng, write_run
 from trainer.run_state import TrainState, schedule_of, step_lr
 from utils.checkpoint import list_checkpoints, step_dir
@@ -403,7 +403,7 @@ def import_run(source: Path, config: str, overrides: list[str], archive_old: boo
     for i, rank in enumerate(ranks):
         class_start, _ = class_partition(cfg.num_classes, world, i)
         heads.append(head_shard(rank.weight, head_state(rank, template, cfg.optimizer), class_start, cfg.num_classes))
-    head = PartialFC(build_margin(cfg), cfg.embedding_size, 1, seed=cfg.seed)  # its buffers' names: none for ArcFace
+    head = PartialFC(build_margin_of(cfg), cfg.embedding_size, 1, seed=cfg.seed)  # its buffers' names: none for ArcFace
 
     # arcface_torch counts micro-batches, we optimizer steps; it saves at epoch ends.
     state = TrainState(step=rank0.global_step // cfg.gradient_acc, epoch=rank0.epoch, step_in_epoch=0)

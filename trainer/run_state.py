@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from utils.config_keys import FIXED_KEYS, SCHEDULE_KEYS
 from utils.lr_scheduler import lr_at
 
 
@@ -125,21 +126,6 @@ def resume_position(state: TrainState, saved_per_step: int, per_step: int, saved
 
 
 # ------------------------------------------------------------------------------------------------ a changed config
-
-# Keys whose saved state cannot serve another value: an explicit resume that changes one is refused.
-FIXED_KEYS: dict[str, str] = {
-    "network": "the saved weights are that network's",
-    "network_kwargs": "the saved weights have that network's shapes",
-    "embedding_size": "the saved weights and class centres have that width",
-    "num_classes": "the head holds one saved row per class",
-    "optimizer": "the saved optimizer state is that optimizer's",
-    "sub_centers": "the head holds that many saved centres per class",
-    "margin": "the head's saved state is that margin's: AdaFace keeps running norm statistics",
-}
-
-# Keys of the LR schedule: a resume that changes one continues the saved run's LR (``continue_schedule``).
-SCHEDULE_KEYS = ("lr", "max_steps", "num_epoch", "warmup_epoch", "lr_power")
-
 
 def config_changes(saved: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
     """``{key: (saved value, current value)}`` for every key that enters the fingerprint and differs (the

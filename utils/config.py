@@ -1,32 +1,45 @@
 """Load, check and describe training configurations.
 
-A configuration is ``configs/base.py`` (every key, with its default and meaning) overlaid with an
-experiment file that sets only what differs, then with ``--set KEY=VALUE`` overrides::
+A configuration is the declared defaults (``utils.config_keys``, written out as ``configs/base.py``), overlaid
+with a recipe that sets only what differs (which may build on another recipe: ``base = "demo_cpu"``), then with
+``--set KEY=VALUE`` overrides::
 
     cfg = load_config("configs/ms1mv3_r50", overrides=["batch_size=64", "fp16=false"])
     d = derive(cfg, world_size=8)          # steps per epoch, total and warm-up steps, global batch
     print(cfg)                             # the resolved configuration, for the log
 
-Types come from the defaults in ``configs/base.py`` (an int is accepted for a float key, a bool is not
-accepted for a number); value rules live in ``_RULES`` below. The returned ``Config`` is read-only:
-values computed from it (``Derived``) are never written back.
+Types, value rules, hints, fingerprint roles and secrets are the declarations'. The returned ``Config`` is
+read-only: values computed from it (``Derived``) are never written back. ``python -m utils.config`` prints the
+key table, ``python -m utils.config NAME`` where each value of a recipe comes from (docs/configuration.md).
 """
 from __future__ import annotations
 
+import argparse
 import ast
 import difflib
 import hashlib
 import importlib.util
 import json
-import math
 import sys
-from collections.abc import Mapping, Sequence
+import textwrap
+import types
+import typing
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
+
+from utils.config_keys import (COMMON_NAMES, FINGERPRINT_EXCLUDED, FINGERPRINT_LEGACY, FIXED_KEYS, KEYS,
+                               SCHEDULE_KEYS, SECRET_KEYS, SECTIONS, Key, type_name)
+
+__all__ = ["BASE_CONFIG", "COMMON_NAMES", "CONFIG_DIR", "FINGERPRINT_EXCLUDED", "FINGERPRINT_LEGACY", "FIXED_KEYS",
+           "FORMER_KEYS", "RENAMED_CONFIGS", "SCHEDULE_KEYS", "SECRET_KEYS", "Config", "Derived", "base_file",
+           "check_paths", "check_world", "data_identity", "derive", "fingerprint", "keys_table",
+           "load_config", "origins", "redacted", "resolve_config_path"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO_ROOT / "configs"
+BASE_CONFIG = CONFIG_DIR / "base.py"
 # Recipes arcface_torch renamed: the old name is answered with the new one (not the closest spelling).
 RENAMED_CONFIGS = {"wf42m_pfc02_r50": "wf42m_pfc02_8gpus_r50_bs4k"}
 # Keys of arcface_torch's older configs (before train_v2.py), answered with what replaced them.
@@ -37,50 +50,6 @@ FORMER_KEYS = {
                    "polynomially to 0 (lr_power), as arcface_torch's train_v2.py; remove the key",
     "dataset": "arcface_torch's older `dataset` name is not used: `rec` names the dataset's folder",
 }
-# Names users type for our keys (other trainers' and tutorials'), checked before the nearest spelling: edit distance
-# alone takes learning_rate to sample_rate.
-COMMON_NAMES = {
-    "learning_rate": "lr", "lr_rate": "lr", "base_lr": "lr", "epochs": "num_epoch", "epoch": "num_epoch",
-    "num_epochs": "num_epoch", "max_epoch": "num_epoch", "max_epochs": "num_epoch", "batchsize": "batch_size",
-    "bs": "batch_size", "batch": "batch_size", "wd": "weight_decay", "weightdecay": "weight_decay",
-    "momentum_sgd": "momentum", "workers": "num_workers", "num_worker": "num_workers", "classes": "num_classes",
-    "num_class": "num_classes", "n_classes": "num_classes", "num_images": "num_image", "data": "rec",
-    "data_dir": "rec", "data_root": "rec", "train_data": "rec", "output_dir": "output", "out_dir": "output",
-    "work_dir": "output", "backbone": "network", "arch": "network", "model": "network", "emb_size": "embedding_size",
-    "embedding_dim": "embedding_size", "feature_dim": "embedding_size", "warmup": "warmup_epoch",
-    "warmup_epochs": "warmup_epoch", "steps": "max_steps", "iterations": "max_steps", "max_iter": "max_steps",
-    "grad_clip": "clip_grad_norm", "clip_grad": "clip_grad_norm", "amp": "fp16", "mixed_precision": "fp16",
-    "scale": "margin_list", "sample_ratio": "sample_rate", "pfc_rate": "sample_rate",
-}
-BASE_CONFIG = CONFIG_DIR / "base.py"
-
-# Keys whose default does not show their type: optional paths (None allowed) and `resume` (bool or a path).
-_OPTIONAL_STR = frozenset({"output", "init_backbone", "wandb_key", "wandb_entity", "wandb_project", "suffix_run_name",
-                            "notes"})
-_OPTIONAL_INT = frozenset({"num_classes", "num_image"})  # None = what the dataset holds (filled in by the trainer)
-_BOOL_OR_STR = frozenset({"resume"})
-SECRET_KEYS = frozenset({"wandb_key"})  # shown as "<hidden>" in logs and never saved (``redacted``)
-
-# Keys that do not change what the model learns: operational settings (where and how often to write, log,
-# evaluate; how many loader workers; how long to wait for peers) and settings that change speed or numerics
-# only at rounding level (device, channels_last, compile, compile_head, tf32, dali: DALI decodes the PyTorch loader's
-# batches with its own JPEG decoder).
-# Every other key enters the fingerprint, so a checkpoint is resumed automatically only by a run that would
-# have produced the same training trajectory with the same loader.
-FINGERPRINT_EXCLUDED = frozenset({
-    "output", "resume", "auto_resume", "archive_checkpoints", "save_all_states", "save_every_steps",
-    "keep_checkpoints", "verbose", "frequent", "val_targets", "num_workers", "dali", "device", "channels_last",
-    "compile", "compile_backend", "compile_head", "tf32", "cudnn_benchmark", "dist_timeout_minutes", "max_nonfinite_steps",
-    "using_wandb", "wandb_key", "wandb_entity", "wandb_project", "suffix_run_name", "notes", "wandb_log_all",
-    "save_artifacts", "wandb_resume",
-})
-
-# Keys added after checkpoints were first written, each with the value that trains as the code did before the
-# key existed. A key at that value is left out of the fingerprint, so those checkpoints still resume (e.g. a run
-# started with power-2 decay continues with `--set lr_power=2`); any other value changes the fingerprint.
-FINGERPRINT_LEGACY = {"lr_power": 2.0, "dali_aug": False, "margin": "combined", "adaface_m": 0.4, "adaface_h": 0.333,
-                      "adaface_t_alpha": 0.01, "sub_centers": 1, "head_update": "sampled", "backbone_lr_scale": 1.0,
-                      "freeze_bn": False, "freeze_stages": 0, "head_warmup_steps": 0, "skip_bad_images": False}
 
 _TRUE = frozenset({"true", "1", "yes", "y", "on"})
 _FALSE = frozenset({"false", "0", "no", "n", "off"})
@@ -122,7 +91,7 @@ class Config(Mapping):
     others already read. Picklable (it crosses ``spawn`` boundaries and is stored in checkpoints as a dict).
     """
 
-    __slots__ = ("_data", "_source", "_name")
+    __slots__ = ("_data", "_name", "_source")
 
     def __init__(self, data: Mapping[str, Any], source: str = "", name: str = "") -> None:
         object.__setattr__(self, "_data", {k: _freeze(v) for k, v in data.items()})
@@ -175,7 +144,7 @@ class Config(Mapping):
     def __reduce__(self) -> tuple:
         return (Config, (self.to_dict(), self._source, self._name))
 
-    def updated(self, **values: Any) -> "Config":
+    def updated(self, **values: Any) -> Config:
         """A new configuration with ``values`` replaced (keys must exist); this one is left as it is. For values
         only the run can know, such as ``num_classes = None`` filled in from the dataset."""
         unknown = [k for k in values if k not in self._data]
@@ -191,7 +160,7 @@ class Config(Mapping):
         return f"Config(name={self._name!r}, source={self._source!r}, {len(self._data)} keys)"
 
     def __str__(self) -> str:
-        defaults = _base_defaults()
+        defaults = _base_values()
         width = max(len(k) for k in self._data)
         lines = [f"config {self._name or 'base'} ({self._source or BASE_CONFIG}); * = differs from base"]
         for key, value in self._data.items():
@@ -224,8 +193,9 @@ class Derived:
 
 # ------------------------------------------------------------------------------------------------ loading
 
-def _load_module_config(path: Path) -> dict[str, Any]:
-    """Execute the config file at ``path`` (user-written code, like any training script) and return ``config``."""
+def _load_module_config(path: Path) -> tuple[dict[str, Any], str | None]:
+    """Execute the recipe at ``path`` (user-written code, like any training script): its ``config`` and the
+    recipe it builds on (its module-level ``base``, or None)."""
     module_name = f"_face_config_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
@@ -236,34 +206,43 @@ def _load_module_config(path: Path) -> dict[str, Any]:
     if not hasattr(module, "config"):
         raise ValueError(f"{path}: defines no `config` (expected `config = edict()` with the keys that differ "
                          f"from configs/base.py)")
-    config = module.config
+    config, base = module.config, getattr(module, "base", None)
     if not isinstance(config, dict):
         raise ValueError(f"{path}: `config` is a {type(config).__name__}; expected a dict or easydict")
-    return dict(config)
+    if base is not None and not isinstance(base, str):
+        raise ValueError(f"{path}: base = {base!r}; expected the name or path of the recipe this one builds on, "
+                         f"e.g. base = \"demo_cpu\"")
+    return dict(config), base
 
 
 _BASE_CACHE: dict[str, Any] = {}
 
 
-def _base_defaults() -> dict[str, Any]:
+def _base_values() -> dict[str, Any]:
+    """The declared defaults overlaid with configs/base.py, checked and normalised: the bottom of every recipe.
+    The two are the same (tests/test_config.py), unless a user edited base.py to change a default, as
+    arcface_torch's users do."""
     if not _BASE_CACHE:
-        _BASE_CACHE.update(_load_module_config(BASE_CONFIG))
-        for key, value in _BASE_CACHE.items():
-            assert value is not None or key in _OPTIONAL_STR | _OPTIONAL_INT, f"base key {key!r} is None without a type"
-    return _BASE_CACHE
+        values = {name: _coerce(key, key.default, "utils/config_keys.py") for name, key in KEYS.items()}
+        for name, value in _load_module_config(BASE_CONFIG)[0].items():
+            values[name] = _coerce(_declared(name, str(BASE_CONFIG)), value, str(BASE_CONFIG))
+        _BASE_CACHE.update(values)
+    return dict(_BASE_CACHE)
 
 
-def resolve_config_path(path_or_name: str) -> Path:
+def resolve_config_path(path_or_name: str, near: Path | None = None) -> Path:
     """Find the config file for ``configs/NAME``, ``configs/NAME.py``, ``NAME`` or any path to a ``.py`` file.
 
-    Relative paths are tried against the working directory first, then against the repository root.
+    Relative paths are tried against ``near`` (the folder of the recipe that names it as its ``base``), then
+    the working directory, then the repository root and ``configs/``.
     """
     raw = Path(path_or_name)
     candidates = [raw] if raw.suffix == ".py" else [raw.with_name(raw.name + ".py"), raw]
+    folders = tuple(p for p in (near, Path.cwd(), REPO_ROOT, CONFIG_DIR) if p is not None)
     tried: list[Path] = []
     for cand in candidates:
-        for base in ((Path.cwd(), REPO_ROOT, CONFIG_DIR) if not cand.is_absolute() else (Path("/"),)):
-            full = (base / cand).resolve()
+        for folder in (folders if not cand.is_absolute() else (Path("/"),)):
+            full = (folder / cand).resolve()
             tried.append(full)
             if full.is_file():
                 return full
@@ -275,8 +254,8 @@ def resolve_config_path(path_or_name: str) -> Path:
 
 
 def _suggest(key: str, valid: Mapping[str, Any] | Sequence[str]) -> str:
-    """"; did you mean 'lr'?": arcface_torch's former keys, then the names users type for ours (COMMON_NAMES, with
-    hyphens and case as typed), then the nearest spelling."""
+    """"; did you mean 'lr'?": arcface_torch's former keys, then the names users type for ours (the declared
+    aliases, with hyphens and case as typed), then the nearest spelling."""
     if key in FORMER_KEYS:
         return f"; {FORMER_KEYS[key]}"
     plain = key.lower().replace("-", "_")
@@ -288,142 +267,150 @@ def _suggest(key: str, valid: Mapping[str, Any] | Sequence[str]) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
-def _type_name(default: Any, key: str) -> str:
-    if key in _OPTIONAL_STR:
-        return "str or None"
-    if key in _OPTIONAL_INT:
-        return "int or None"
-    if key in _BOOL_OR_STR:
-        return "bool or str (a checkpoint path)"
-    if isinstance(default, (list, tuple)):
-        inner = _type_name(default[0], "") if default else "any"
-        return f"list/tuple of {inner}"
-    return {bool: "bool", int: "int", float: "float (or int)", str: "str", dict: "dict"}.get(
-        type(default), type(default).__name__)
+def _declared(name: str, where: str) -> Key:
+    if name not in KEYS:
+        raise ValueError(f"{where}: unknown key {name!r}{_suggest(name, KEYS)} (every valid key is listed in "
+                         f"{BASE_CONFIG})")
+    return KEYS[name]
 
 
-def _coerce(key: str, value: Any, default: Any, where: str) -> Any:
-    """Check ``value`` against the type of ``default``; return it normalised (int -> float, list -> tuple)."""
-    def bad() -> ValueError:
-        return ValueError(f"{where}: key {key!r} = {value!r} has type {type(value).__name__}; "
-                          f"expected {_type_name(default, key)}")
+def _shown(path: Path) -> str:
+    """``path`` as the origin of a value: relative to the repository when inside it."""
+    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
 
-    if key in _OPTIONAL_STR:
-        if value is None or isinstance(value, str):
-            return value
-        raise bad()
-    if key in _OPTIONAL_INT:
-        if value is None or (isinstance(value, int) and not isinstance(value, bool)):
-            return value
-        raise bad()
-    if key in _BOOL_OR_STR:
-        if isinstance(value, (bool, str)):
-            return value
-        raise bad()
-    if isinstance(default, bool):
-        if isinstance(value, bool):
-            return value
-        raise bad()
-    if isinstance(default, int):
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise bad()
-    if isinstance(default, float):
+
+def _recipes(path: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """``(file, its config)`` of the recipe at ``path`` and of the recipes it builds on, the most basic first
+    (configs/base.py lies below them all and is not listed)."""
+    loaded: list[tuple[Path, dict[str, Any]]] = []  # the recipe, then what it builds on
+    while path != BASE_CONFIG:
+        if any(path == seen for seen, _ in loaded):
+            cycle = " -> ".join(_shown(p) for p in [*(seen for seen, _ in loaded), path])
+            raise ValueError(f"{loaded[0][0]}: its bases make a cycle ({cycle}); a recipe cannot build on itself")
+        config, base = _load_module_config(path)
+        loaded.append((path, config))
+        if base is None:
+            break
+        try:
+            path = resolve_config_path(base, near=path.parent)
+        except ValueError as exc:
+            raise ValueError(f"{path}: base = {base!r}: {exc}") from None
+    return loaded[::-1]
+
+
+def _resolve(path_or_name: str, overrides: Sequence[str]) -> tuple[Config, dict[str, str]]:
+    """The configuration and, for every key, where its value came from."""
+    path = resolve_config_path(path_or_name)
+    values = _base_values()
+    origin = dict.fromkeys(values, _shown(BASE_CONFIG))
+    for recipe, config in _recipes(path):
+        where = str(recipe)
+        for name, value in config.items():
+            values[name] = _coerce(_declared(name, where), value, where)
+            origin[name] = _shown(recipe)
+    for text in overrides:
+        name, value = _parse_override(text)
+        values[name] = _coerce(KEYS[name], value, f"--set {text!r}")
+        origin[name] = f"--set {text}"
+    _check_values(values, str(path) if not overrides else f"{path} with --set {' '.join(overrides)}")
+    if values["output"] is None:
+        values["output"] = str(Path("work_dirs") / path.stem)
+        origin["output"] = f"{origin['output']} (None: work_dirs/<config name>)"
+    return Config(values, source=str(path), name=path.stem), origin
+
+
+# ------------------------------------------------------------------------------------------------ types
+
+def _coerce(key: Key, value: Any, where: str) -> Any:
+    """Check ``value`` against ``key``'s declared type; return it normalised (int -> float, list -> tuple)."""
+    return _coerce_to(key.type, value, key.name, key.expected, where)
+
+
+def _coerce_to(spec: Any, value: Any, name: str, expected: str, where: str) -> Any:
+    origin, args = typing.get_origin(spec), typing.get_args(spec)
+    if origin in (types.UnionType, typing.Union):
+        if value is None and type(None) in args:
+            return None
+        for option in (a for a in args if a is not type(None)):
+            try:
+                return _coerce_to(option, value, name, expected, where)
+            except ValueError:
+                pass
+    elif origin in (list, tuple):
+        if isinstance(value, (list, tuple)):
+            inner = args[0]
+            return tuple(_coerce_to(inner, v, f"{name}[{i}]", type_name(inner), where)
+                         for i, v in enumerate(value))
+    elif spec is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-        raise bad()
-    if isinstance(default, str):
-        if isinstance(value, str):
+    elif spec is int:
+        if isinstance(value, int) and not isinstance(value, bool):
             return value
-        raise bad()
-    if isinstance(default, (list, tuple)):
-        if not isinstance(value, (list, tuple)):
-            raise bad()
-        if not default:
-            return tuple(value)
-        return tuple(_coerce(f"{key}[{i}]", v, default[0], where) for i, v in enumerate(value))
-    if isinstance(default, dict):
+    elif spec is dict:
         if isinstance(value, dict) and all(isinstance(k, str) for k in value):
             return dict(value)
-        raise bad()
-    raise AssertionError(f"base key {key!r} has a default of unsupported type {type(default).__name__}")
+    elif spec in (bool, str):
+        if isinstance(value, spec):
+            return value
+    else:
+        raise AssertionError(f"key {name!r} is declared with a type the loader does not know: {spec!r}")
+    raise ValueError(f"{where}: key {name!r} = {value!r} has type {type(value).__name__}; expected {expected}")
+
+
+def _parse(text: str, spec: Any) -> Any:
+    """``--set``'s text as a value of type ``spec`` (checked by ``_coerce`` afterwards)."""
+    origin, args = typing.get_origin(spec), typing.get_args(spec)
+    if origin in (list, tuple):
+        stripped = text.strip()
+        if not stripped:
+            return ()
+        if stripped[0] in "[(":
+            return ast.literal_eval(stripped)
+        return tuple(_parse(part, args[0]) for part in stripped.split(","))
+    if spec is dict:
+        return ast.literal_eval(text.strip())
+    options = [a for a in args if a is not type(None)] if origin in (types.UnionType, typing.Union) else [spec]
+    low = text.strip().lower()
+    if bool in options:
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        if str not in options:
+            raise ValueError(f"expected a bool ({'/'.join(sorted(_TRUE))} or {'/'.join(sorted(_FALSE))})")
+        return text
+    if len(options) < len(args) and low in _NONE:
+        return None
+    if options[0] in (int, float):
+        return options[0](text.strip())
+    stripped = text.strip()
+    if len(stripped) >= 2 and stripped[0] == stripped[-1] and stripped[0] in "'\"":
+        return ast.literal_eval(stripped)
+    return text
+
+
+def _parse_override(text: str) -> tuple[str, Any]:
+    """``"KEY=VALUE"`` -> (key, value parsed to the key's type); errors name the override."""
+    if "=" not in text:
+        raise ValueError(f"--set {text!r}: expected KEY=VALUE")
+    name, raw = text.split("=", 1)
+    name = name.strip()
+    if name not in KEYS:
+        raise ValueError(f"--set {text!r}: unknown key {name!r}{_suggest(name, KEYS)}")
+    try:
+        return name, _parse(raw, KEYS[name].type)
+    except (ValueError, SyntaxError) as exc:
+        raise ValueError(f"--set {text!r}: cannot parse {raw!r} as {KEYS[name].expected} for key {name!r} "
+                         f"({exc})") from None
 
 
 # ------------------------------------------------------------------------------------------------ value rules
 
-def _rule(check: Callable[[Any], bool], allowed: str) -> tuple[Callable[[Any], bool], str]:
-    return check, allowed
-
-
-def _finite(x: float) -> bool:
-    return math.isfinite(x)
-
-
-def _is_compile_backend(name: str) -> bool:
-    import torch
-
-    return name in torch.compiler.list_backends(exclude_tags=())
-
-
-_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "network": _rule(lambda v: bool(v.strip()), "a backbone name such as r50, r100, mbf, tiny"),
-    "embedding_size": _rule(lambda v: v >= 1, ">= 1"),
-    "margin_list": _rule(lambda v: len(v) == 3 and all(_finite(x) for x in v) and v[0] >= 1
-                         and 0 <= v[1] < math.pi / 2 and v[2] >= 0,
-                         "3 finite numbers (m1, m2, m3) with m1 >= 1, 0 <= m2 < pi/2, m3 >= 0"),
-    "margin_scale": _rule(lambda v: _finite(v) and v > 0, "> 0"),
-    "margin_gradient": _rule(lambda v: v in ("straight_through", "exact"), "'straight_through' or 'exact'"),
-    "interclass_filtering_threshold": _rule(lambda v: 0 <= v < 1, "in [0, 1) (0 = off)"),
-    "margin": _rule(lambda v: v in ("combined", "adaface"), "'combined' (margin_list) or 'adaface'"),
-    "adaface_m": _rule(lambda v: _finite(v) and v >= 0, "a finite value >= 0 (AdaFace's paper: 0.4)"),
-    "adaface_h": _rule(lambda v: _finite(v) and v >= 0, "a finite value >= 0 (AdaFace's paper: 0.333)"),
-    "adaface_t_alpha": _rule(lambda v: 0 < v <= 1, "in (0, 1] (AdaFace's paper: 0.01)"),
-    "sub_centers": _rule(lambda v: v >= 1, ">= 1 (1 = one centre per class)"),
-    "head_update": _rule(lambda v: v in ("sampled", "all"), "'sampled' (only the sampled centres, the Partial FC "
-                         "paper) or 'all' (every centre every step, arcface_torch)"),
-    "sample_rate": _rule(lambda v: 0 < v <= 1, "in (0, 1] (arcface_torch's 0, which keeps only the class centres of "
-                         "the batch's identities, is written here as a rate below 1 / num_classes, e.g. 1e-7)"),
-    "batch_size": _rule(lambda v: v >= 1, ">= 1"),
-    "optimizer": _rule(lambda v: v in ("sgd", "adamw"), "'sgd' or 'adamw'"),
-    "lr": _rule(lambda v: _finite(v) and v > 0, "> 0"),
-    "lr_power": _rule(lambda v: _finite(v) and v > 0, "finite and > 0 (1 = linear decay, 2 = quadratic)"),
-    "momentum": _rule(lambda v: 0 <= v < 1, "in [0, 1)"),
-    "weight_decay": _rule(lambda v: _finite(v) and v >= 0, ">= 0"),
-    "gradient_acc": _rule(lambda v: v >= 1, ">= 1"),
-    "clip_grad_norm": _rule(lambda v: _finite(v) and v >= 0, ">= 0 (0 = no clipping)"),
-    "max_nonfinite_steps": _rule(lambda v: v >= 1, ">= 1"),
-    "backbone_lr_scale": _rule(lambda v: _finite(v) and v > 0, "finite and > 0 (1 = the head's lr; to keep the "
-                               "backbone as it is, set head_warmup_steps to the run's length instead)"),
-    "freeze_stages": _rule(lambda v: v >= 0, ">= 0 (0 = nothing frozen; at most the network's stage count, "
-                           "docs/finetuning.md)"),
-    "head_warmup_steps": _rule(lambda v: v >= 0, ">= 0 (0 = no head-only steps)"),
-    "rec": _rule(lambda v: bool(v.strip()), "a dataset folder or 'synthetic'"),
-    "num_classes": _rule(lambda v: v is None or v >= 1, ">= 1, or None for what the dataset says"),
-    "num_image": _rule(lambda v: v is None or v >= 1, ">= 1, or None for what the dataset holds"),
-    "num_epoch": _rule(lambda v: v >= 0, ">= 0 (and >= 1 unless max_steps > 0)"),
-    "warmup_epoch": _rule(lambda v: v >= 0, ">= 0 (arcface_torch's -1 trains as 0 there, with no warm-up: write 0)"),
-    "dali_aug": _rule(lambda v: v is False, "False: arcface_torch's DALI augmentation is not implemented, because our "
-                      "loaders make every image a function of (seed, epoch, sample) and DALI's GPU operators have no "
-                      "exact CPU counterpart; set dali_aug = False to train with flips only"),
-    "max_steps": _rule(lambda v: v >= 0, ">= 0 (0 = derive from num_epoch)"),
-    "num_workers": _rule(lambda v: v >= 0, ">= 0"),
-    "seed": _rule(lambda v: v >= 0, ">= 0"),
-    "verbose": _rule(lambda v: v >= 1, ">= 1"),
-    "frequent": _rule(lambda v: v >= 1, ">= 1"),
-    "save_every_steps": _rule(lambda v: v >= 0, ">= 0 (0 = only at epoch end)"),
-    "keep_checkpoints": _rule(lambda v: v >= 1, ">= 1"),
-    "device": _rule(lambda v: v in ("auto", "cpu", "cuda"), "'auto', 'cpu' or 'cuda'"),
-    "compile_backend": _rule(_is_compile_backend, "a torch.compile backend, e.g. 'inductor' or 'aot_eager'"),
-    "dist_timeout_minutes": _rule(lambda v: v >= 1, ">= 1"),
-    "output": _rule(lambda v: v is None or bool(v.strip()), "a folder path or None"),
-    "init_backbone": _rule(lambda v: v is None or bool(v.strip()), "a file path or None"),
-}
-
-
 def _check_values(values: dict[str, Any], where: str) -> None:
-    for key, (check, allowed) in _RULES.items():
-        if not check(values[key]):
-            raise ValueError(f"{where}: {key} = {values[key]!r} is not allowed; expected {allowed}")
+    for name, key in KEYS.items():
+        if key.rule is not None and not key.rule[0](values[name]):
+            raise ValueError(f"{where}: {name} = {values[name]!r} is not allowed; expected {key.rule[1]}")
     if values["margin"] == "adaface" and values["interclass_filtering_threshold"] > 0:
         raise ValueError(f"{where}: margin = 'adaface' with interclass_filtering_threshold = "
                          f"{values['interclass_filtering_threshold']!r}; inter-class filtering belongs to the combined "
@@ -435,91 +422,34 @@ def _check_values(values: dict[str, Any], where: str) -> None:
                          f"expected num_epoch >= 1 or max_steps > 0")
 
 
-# ------------------------------------------------------------------------------------------------ overrides
-
-def _parse_scalar(text: str, default: Any, key: str) -> Any:
-    low = text.strip().lower()
-    if isinstance(default, bool) or key in _BOOL_OR_STR:
-        if low in _TRUE:
-            return True
-        if low in _FALSE:
-            return False
-        if key in _BOOL_OR_STR:
-            return text
-        raise ValueError(f"expected a bool ({'/'.join(sorted(_TRUE))} or {'/'.join(sorted(_FALSE))})")
-    if key in _OPTIONAL_STR | _OPTIONAL_INT and low in _NONE:
-        return None
-    if isinstance(default, int) or key in _OPTIONAL_INT:
-        return int(text.strip())
-    if isinstance(default, float):
-        return float(text.strip())
-    if isinstance(default, str) or key in _OPTIONAL_STR:
-        stripped = text.strip()
-        if len(stripped) >= 2 and stripped[0] == stripped[-1] and stripped[0] in "'\"":
-            return ast.literal_eval(stripped)
-        return text
-    raise AssertionError(f"no scalar parser for key {key!r}")
-
-
-def _parse_override(text: str, defaults: Mapping[str, Any]) -> tuple[str, Any]:
-    """``"KEY=VALUE"`` -> (key, value parsed to the key's type); errors name the override."""
-    if "=" not in text:
-        raise ValueError(f"--set {text!r}: expected KEY=VALUE")
-    key, raw = text.split("=", 1)
-    key = key.strip()
-    if key not in defaults:
-        raise ValueError(f"--set {text!r}: unknown key {key!r}{_suggest(key, defaults)}")
-    default = defaults[key]
-    try:
-        if isinstance(default, dict):
-            value = ast.literal_eval(raw.strip())
-        elif isinstance(default, (list, tuple)):
-            stripped = raw.strip()
-            if not stripped:
-                value = ()
-            elif stripped[0] in "[(":
-                value = ast.literal_eval(stripped)
-            else:
-                inner = default[0] if default else ""
-                value = tuple(_parse_scalar(part, inner, "") for part in stripped.split(","))
-        else:
-            value = _parse_scalar(raw, default, key)
-    except (ValueError, SyntaxError) as exc:
-        raise ValueError(f"--set {text!r}: cannot parse {raw!r} as {_type_name(default, key)} for key "
-                         f"{key!r} ({exc})") from None
-    return key, value
-
-
 # ------------------------------------------------------------------------------------------------ public API
 
 def load_config(path_or_name: str, overrides: Sequence[str] = ()) -> Config:
-    """Load ``configs/base.py`` overlaid with the experiment file and ``--set`` overrides; check everything.
+    """Load a recipe over the defaults of ``configs/base.py`` (and over the recipes it builds on), then the
+    ``--set`` overrides; check everything.
 
     ``path_or_name``: ``configs/NAME`` (as arcface_torch users type it), ``configs/NAME.py``, ``NAME`` or a
-    path to any ``.py`` file defining ``config`` (a dict/easydict with only the keys that differ from base).
+    path to any ``.py`` file defining ``config`` (a dict/easydict with only the keys that differ from what it
+    builds on: configs/base.py, or the recipe its module-level ``base`` names).
     ``overrides``: ``"KEY=VALUE"`` strings, applied in order after the file (a later one wins).
     Raises ``ValueError`` naming the file or override, the key, the value received and what is allowed.
     When ``output`` is None it resolves to ``work_dirs/<NAME>`` as in arcface_torch.
     """
-    path = resolve_config_path(path_or_name)
-    defaults = _base_defaults()
-    where = str(path)
-    values: dict[str, Any] = {k: _coerce(k, v, v, str(BASE_CONFIG)) if v is not None else v
-                              for k, v in defaults.items()}
-    if path != BASE_CONFIG:
-        for key, value in _load_module_config(path).items():
-            if key not in defaults:
-                raise ValueError(f"{where}: unknown key {key!r}{_suggest(key, defaults)} "
-                                 f"(every valid key is listed in {BASE_CONFIG})")
-            values[key] = _coerce(key, value, defaults[key], where)
-    for text in overrides:
-        key, value = _parse_override(text, defaults)
-        values[key] = _coerce(key, value, defaults[key], f"--set {text!r}")
-    _check_values(values, where if not overrides else f"{where} with --set {' '.join(overrides)}")
-    name = path.stem
-    if values["output"] is None:
-        values["output"] = str(Path("work_dirs") / name)
-    return Config(values, source=str(path), name=name)
+    return _resolve(path_or_name, overrides)[0]
+
+
+def origins(path_or_name: str, overrides: Sequence[str] = ()) -> str:
+    """The resolved values of a recipe and where each came from (configs/base.py, which recipe file, which
+    ``--set``), one key a line; secrets hidden. What ``python -m utils.config NAME`` prints."""
+    cfg, origin = _resolve(path_or_name, overrides)
+    shown = redacted(cfg.to_dict())
+    width = max(len(k) for k in shown)
+    values = {k: repr(v) for k, v in shown.items()}
+    value_width = min(40, max(len(v) for v in values.values()))
+    chain = " <- ".join([_shown(p) for p, _ in reversed(_recipes(Path(cfg.source)))] + [_shown(BASE_CONFIG)])
+    lines = [f"config {cfg.name}: {chain}"]
+    lines += [f"  {k:<{width}}  {values[k]:<{value_width}}  {origin[k]}" for k in shown]
+    return "\n".join(lines)
 
 
 def derive(cfg: Mapping[str, Any], world_size: int) -> Derived:
@@ -617,34 +547,116 @@ def fingerprint(cfg: Mapping[str, Any], data: str | None = None) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _key_comments() -> dict[str, str]:
-    """The comment block right above each ``config.KEY = ...`` line of configs/base.py."""
-    comments: dict[str, str] = {}
-    block: list[str] = []
-    for line in BASE_CONFIG.read_text().splitlines():
-        stripped = line.strip()
-        if stripped.startswith("# ---"):
-            block = []
-        elif stripped.startswith("#"):
-            block.append(stripped.lstrip("#").strip())
-        elif stripped.startswith("config.") and "=" in stripped:
-            key = stripped[len("config."):].split("=", 1)[0].strip()
-            comments[key] = " ".join(block)
-            block = []
-        else:
-            block = []
-    return comments
+# ------------------------------------------------------------------------------------------------ generated text
+
+_BASE_DOCSTRING = '''"""Every configuration key, its default, and what it means.
+
+Written from the declarations in ``utils/config_keys.py`` by ``python -m utils.config --write-base`` (a test
+checks that the two agree): to add a key or change a default, edit its declaration there and run that command.
+
+A recipe (``configs/ms1mv3_r50.py`` or any ``.py`` of yours) defines ``config`` holding only the keys that
+differ from these defaults, or from the recipe it names as its ``base`` (``base = "ms1mv3_r50"``);
+``utils.config.load_config`` merges them, rejects unknown keys and wrong types, and checks the values. Key
+names and meanings follow insightface's ``arcface_torch`` so its configs keep working. The type of each
+default is the type the loader accepts (an int is accepted where the default is a float), except for the keys
+documented as optional or as taking two types.
+
+Values computed from these (global batch, steps per epoch, total and warm-up steps) are never stored here:
+see ``utils.config.derive``.
+"""'''
+
+
+def _literal(value: Any) -> str:
+    """``value`` as configs/base.py writes it (arcface_torch's style: double-quoted strings)."""
+    if isinstance(value, str):
+        return f'"{value}"' if '"' not in value and "\\" not in value else repr(value)
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(_literal(v) for v in value) + ("," if isinstance(value, tuple) and len(value) == 1 else "")
+        return f"[{inner}]" if isinstance(value, list) else f"({inner})"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_literal(k)}: {_literal(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
+def base_file() -> str:
+    """The text of configs/base.py: every declared key with its meaning as a comment, section by section."""
+    lines = [_BASE_DOCSTRING, "from easydict import EasyDict as edict", "", "config = edict()"]
+    for section in SECTIONS:
+        lines += ["", f"# {'-' * 64} {section.title}"]
+        for key in section.keys:
+            lines += [f"# {line}" for line in textwrap.wrap(key.doc, 108, break_on_hyphens=False,
+                                                             break_long_words=False)]
+            lines.append(f"config.{key.name} = {_literal(key.default)}")
+    return "\n".join(lines) + "\n"
+
+
+_ON_RESUME = {"free": "`--resume`", "schedule": "`--resume`, schedule"}
 
 
 def keys_table() -> str:
-    """The configuration keys as a markdown table (key, default, meaning), rendered from configs/base.py."""
-    comments = _key_comments()
-    rows = ["| key | default | meaning |", "| --- | --- | --- |"]
-    for key, value in _base_defaults().items():
-        meaning = comments.get(key, "").replace("|", "\\|")
-        rows.append(f"| `{key}` | `{value!r}` | {meaning} |")
+    """The configuration keys as a markdown table (key, default, type, what a resume does with a changed value,
+    meaning), rendered from the declarations; docs/configuration.md holds it."""
+    rows = ["| key | default | type | changed on resume | meaning |", "| --- | --- | --- | --- | --- |"]
+    for name, key in KEYS.items():
+        if not key.fingerprint:
+            resume = "outside the fingerprint"
+        elif key.on_resume == "fixed":
+            resume = f"refused: {key.reason}"
+        else:
+            resume = _ON_RESUME[key.on_resume]
+        cells = [f"`{name}`", f"`{key.default!r}`", key.expected, resume, key.doc]
+        rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     return "\n".join(rows)
 
 
+DOCS_PAGE = REPO_ROOT / "docs" / "configuration.md"
+
+
+def _docs_with_table(page: str) -> str:
+    """``page`` (docs/configuration.md) with its key table replaced by ``keys_table()``."""
+    lines = page.splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if line.startswith("| key |"))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return "".join(lines[:start]) + keys_table() + "\n" + "".join(lines[end:])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from utils.cli import run_tool
+    from utils.files import atomic_write
+
+    parser = argparse.ArgumentParser(prog="python -m utils.config", description=(
+        "Without arguments: the key table of docs/configuration.md. With a recipe: its resolved values and where "
+        "each came from (configs/base.py, which recipe file, which --set)."))
+    parser.add_argument("config", nargs="?", help="configs/NAME or the path of a .py recipe")
+    parser.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                        help="overrides, as train.py takes them")
+    parser.add_argument("--write-base", action="store_true", help="write configs/base.py from the declarations")
+    parser.add_argument("--write-docs", action="store_true",
+                        help="write the key table of docs/configuration.md from the declarations")
+    args = parser.parse_args(argv)
+    if args.config is None and args.overrides:  # `--set lr=0.1 configs/NAME`: --set took the name too
+        names = [value for value in args.overrides if "=" not in value]
+        if len(names) != 1:
+            parser.error("--set needs a config: python -m utils.config configs/NAME --set KEY=VALUE")
+        args.config, args.overrides = names[0], [value for value in args.overrides if value != names[0]]
+
+    def write(path: Path, text: str) -> None:
+        atomic_write(path, lambda f: f.write(text.encode()))
+        print(f"wrote {path}")
+
+    def work() -> None:
+        if args.write_base or args.write_docs:
+            if args.write_base:
+                write(BASE_CONFIG, base_file())
+            if args.write_docs:
+                write(DOCS_PAGE, _docs_with_table(DOCS_PAGE.read_text()))
+        elif args.config:
+            print(origins(args.config, args.overrides))
+        else:
+            print(keys_table())
+
+    return run_tool("utils.config", work)
+
+
 if __name__ == "__main__":
-    print(keys_table())
+    sys.exit(main())
