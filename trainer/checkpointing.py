@@ -68,7 +68,7 @@ def seeded_rng(seed: int, step: int, rank: int) -> dict[str, torch.Tensor]:
 
 
 def write_run(output: Path, state: TrainState, *, rank: int, world_size: int, schedule: Schedule,
-              config: Mapping[str, Any], fingerprint: str, data: str, head: Mapping[str, Any] | None,
+              config: Mapping[str, Any], keep: int, fingerprint: str, data: str, head: Mapping[str, Any] | None,
               backbone: Mapping[str, torch.Tensor] | None = None, backbone_optimizer: Mapping[str, Any] | None = None,
               scaler: Mapping[str, Any] | None = None, head_buffers: Mapping[str, torch.Tensor] | None = None,
               rng: Mapping[str, torch.Tensor] | None = None,
@@ -79,8 +79,8 @@ def write_run(output: Path, state: TrainState, *, rank: int, world_size: int, sc
     only ``model.pt`` and ``model.json``. ``backbone`` (state_dict), ``backbone_optimizer``, ``scaler`` (their
     ``state_dict()``) and ``head_buffers``: rank 0's, None elsewhere. ``rng``: this rank's random streams
     (default: this process's; ``seeded_rng`` for a run converted elsewhere). ``barrier``: where the ranks meet
-    (``utils.checkpoint.save_checkpoint``). ``config`` gives ``num_classes``, ``keep_checkpoints`` and the
-    network that ``model.json`` describes. ``model.pt`` is the backbone's state_dict in the official layout
+    (``utils.checkpoint.save_checkpoint``). ``config`` (saved with the run) gives ``num_classes`` and the
+    network that ``model.json`` describes; ``keep``: the complete step folders kept. ``model.pt`` is the backbone's state_dict in the official layout
     (loadable by arcface_torch), as CPU tensors; every file is written atomically.
     """
     path = None
@@ -92,7 +92,7 @@ def write_run(output: Path, state: TrainState, *, rank: int, world_size: int, sc
                                  num_classes=config["num_classes"], fingerprint=fingerprint, config=config, data=data,
                                  head_buffers=head_buffers)
         path = save_checkpoint(output, state.step, rank=rank, world_size=world_size, head=head, common=common,
-                               rng=rng, keep=config["keep_checkpoints"], barrier=barrier)
+                               rng=rng, keep=keep, barrier=barrier)
     if rank == 0:
         save_atomic({k: v.detach().cpu() for k, v in backbone.items()}, Path(output) / "model.pt")
         write_model_card(Path(output) / MODEL_CARD, model_card(config["network"], config["network_kwargs"],
@@ -126,7 +126,8 @@ def save_run(job: Trainer, state: TrainState, logger: logging.Logger) -> Path | 
         head = head_shard(job.head.weight, job.opt_head.state[job.head.weight], job.head.class_start,
                           cfg.num_classes)
     path = write_run(job.output, state, rank=job.rank, world_size=job.world_size,
-                     schedule=schedule_of(cfg, job.derived), config=cfg.to_dict(), fingerprint=job.fingerprint,
+                     schedule=schedule_of(cfg, job.derived), config=cfg.to_dict(), keep=cfg.keep_checkpoints,
+                     fingerprint=job.fingerprint,
                      data=job.data_identity, head=head, backbone=job.backbone.state_dict() if on_rank0 else None,
                      backbone_optimizer=job.opt_backbone.state_dict() if on_rank0 else None,
                      scaler=job.scaler.state_dict() if on_rank0 else None,

@@ -413,7 +413,7 @@ def import_run(source: Path, config: str, overrides: list[str], archive_old: boo
     if to_archive:
         warn(f"moved {', '.join(p.name for p in existing) or 'model.pt'} to {archive(output, existing)}")
     output.mkdir(parents=True, exist_ok=True)
-    facts = dict(schedule=ours, config=cfg.to_dict(), fingerprint=fingerprint(cfg, data), data=data,
+    facts = dict(schedule=ours, config=cfg.to_dict(), keep=cfg.keep_checkpoints, fingerprint=fingerprint(cfg, data), data=data,
                  backbone=model.state_dict(), backbone_optimizer=backbone_state,
                  scaler=LossScaler(enabled=cfg.fp16).state_dict(), head_buffers=dict(head.named_buffers()))
     write_all_ranks(world, lambda r, barrier: write_run(output, state, rank=r, world_size=world, head=heads[r],
