@@ -1,10 +1,12 @@
-"""One decision per step for both optimizers (train.optimizer_step), in process on 1 and 2 gloo ranks.
+"""One decision per step for both optimizers (train.optimizer_step), in process on 1, 2 and 3 gloo ranks.
 
 A non-finite value anywhere (the loss, one backbone gradient, the head's gradient on one rank) makes both
 optimizers skip on every rank: weights, optimizer state and batch-norm statistics stay bit-identical, the
 fp16 loss scale backs off once, and the skip counts towards max_nonfinite_steps. The same holds for bf16
-(no scaler) and fp32. A finite step moves both. The step's one host read is its flags; the loop
-(train.train) reads the logged loss once per progress line.
+(no scaler) and fp32. A finite step moves both. A rank whose loader left its batch with fewer than 2 samples
+makes every rank skip the update (the loss scale and the non-finite count untouched), or stop with the line
+naming the file. The step's one host read is its flags; the loop (train.train) reads the logged loss once per
+progress line.
 """
 from __future__ import annotations
 
