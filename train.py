@@ -73,8 +73,10 @@ def optimizer_step(job: Job, state: TrainState, micro_batches: list[tuple[torch.
     """Forward/backward over `gradient_acc` micro-batches (DDP synchronises on the last), then one update of
     backbone and head (of the head alone during `head_warmup_steps`), or, if the loss or any gradient on any
     rank is not finite, none: weights, optimizer state and batch-norm statistics stay, the fp16 loss scale
-    backs off once. Returns the mean loss (a device tensor, read by logging every `frequent` steps), or None
-    when skipped."""
+    backs off once. A micro-batch that the loader left with fewer than 2 samples (`bad_samples` left out; batch
+    norm refuses to train on 1; with `batch_size = 1`, none) skips the step on every rank in the same way, the
+    loss scale unchanged. Returns the mean loss (a device tensor, read by logging every `frequent` steps), or
+    None when skipped."""
     cfg, d = job.cfg, job.derived
     lr = step_lr(state.step, state, schedule_of(cfg, d))
     apply_lr(job.opt_head, lr)
@@ -89,7 +91,15 @@ def optimizer_step(job: Job, state: TrainState, micro_batches: list[tuple[torch.
     buffers = [*job.backbone.buffers(), *job.head.buffers()]  # BN statistics; AdaFace's norm statistics
     saved_buffers = [b.detach().clone() for b in buffers]
     losses = []
+    fewest = min(2, cfg.batch_size)  # samples a micro-batch needs to train on
+    short = False  # a micro-batch of this rank has fewer: every rank skips the step
     for i, (images, labels) in enumerate(micro_batches):
+        if len(labels) < fewest:
+            # Left out down to 0 or 1 samples, which batch norm refuses to train on. This rank still runs the
+            # step's forward, backward and collectives, on two blank images of class 0 that only keep it in step
+            # with the others, and the flags below make every rank skip the update.
+            short = True
+            images, labels = images.new_zeros((2, *images.shape[1:])), labels.new_zeros(2)  # (2, 3, H, W), (2,)
         last = i == len(micro_batches) - 1
         with nullcontext() if last or job.world_size == 1 else job.wrapped_backbone.no_sync():
             if cfg.channels_last:
@@ -105,7 +115,7 @@ def optimizer_step(job: Job, state: TrainState, micro_batches: list[tuple[torch.
     loss = torch.stack(losses).mean()  # ()
     grads = [p.grad for p in job.backbone.parameters() if p.grad is not None]
     head_grad = job.head.gradient_rows()
-    bad, backbone_norm, left_out = nonfinite_parts(loss, grads, head_grad, len(bad_samples))
+    bad, backbone_norm, left_out, short = nonfinite_parts(loss, grads, head_grad, len(bad_samples), short)
     if left_out:  # some rank's loader left out a sample it could not read: every rank learns which
         problems = gather_lines(list(bad_samples))
         if not cfg.skip_bad_images:
@@ -115,7 +125,14 @@ def optimizer_step(job: Job, state: TrainState, micro_batches: list[tuple[torch.
         for problem in problems:
             job.logger.warning("step %d: skipped a sample that cannot be read (skip_bad_images): %s", state.step,
                                problem)
-    if not bad:
+    if short or bad:
+        with torch.no_grad():
+            for buffer, saved in zip(buffers, saved_buffers):
+                buffer.copy_(saved)
+    if short:  # the values come from the blank stand-in: neither a good step nor a non-finite one
+        job.logger.warning("step %d: a rank's batch kept fewer than %d readable samples, too few to train on; update "
+                           "of backbone and head skipped on every rank", state.step, fewest)
+    elif not bad:
         state.nonfinite_in_row = 0
         inv_scale = 1.0 / job.scaler.scale
         if job.scaler.is_enabled():  # unscale both: the updates, clipping and weight decay see true gradients
@@ -129,20 +146,18 @@ def optimizer_step(job: Job, state: TrainState, micro_batches: list[tuple[torch.
     else:
         state.nonfinite_in_row += 1
         state.skipped_steps += 1
-        with torch.no_grad():
-            for buffer, saved in zip(buffers, saved_buffers):
-                buffer.copy_(saved)
         backoff = (f"; loss scale {job.scaler.scale:g} -> {job.scaler.scale * job.scaler.backoff_factor:g}"
                    if job.scaler.is_enabled() else "")
         job.logger.warning("step %d: non-finite %s (loss %s); update of backbone and head skipped (%d in a row, "
                            "stop at %d)%s", state.step, ", ".join(bad), float(loss), state.nonfinite_in_row,
                            cfg.max_nonfinite_steps, backoff)
-    job.scaler.update(skipped=bool(bad))
+    if not short:
+        job.scaler.update(skipped=bool(bad))
     job.opt_backbone.zero_grad(set_to_none=True)
     job.opt_head.zero_grad(set_to_none=True)
     if state.nonfinite_in_row >= cfg.max_nonfinite_steps:
         raise NonFiniteLossError(state.nonfinite_in_row, state.step, job.output / "checkpoints")
-    return None if bad else loss
+    return None if bad or short else loss
 
 
 # ------------------------------ Loop -----------------------------------------------------------------------

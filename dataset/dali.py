@@ -1,23 +1,30 @@
-"""The optional GPU-decode loader (NVIDIA DALI), fed by index, with the trainer's loader interface.
+"""The optional GPU-decode loader (NVIDIA DALI), fed by index, with the trainer's loader interface and bad-data rules.
 
 Two layers:
 
 - ``RecordBatches`` (no DALI): which samples batch ``k`` of epoch ``e`` holds on rank ``r``, in order and with
   their flips, taken from ``FaceSampler`` (the sampler ``FaceDataLoader`` uses), and those records' encoded
-  bytes and labels, read by ``MXFaceDataset.raw``;
-- ``DaliLoader``: a DALI pipeline fed those batches through ``fn.external_source``, which decodes them on the
-  GPU (nvJPEG), mirrors the flipped ones and normalises with ``PIXEL_MEAN``/``PIXEL_STD``.
+  bytes and labels, read by ``MXFaceDataset.raw`` and checked before DALI sees them: the record itself (magic,
+  length, header, label), and the image's kind and size read from its JPEG frame header or PNG ``IHDR``;
+- ``DaliLoader``: a DALI pipeline fed the batches that pass through ``fn.external_source``, which decodes them on
+  the GPU (nvJPEG), mirrors the flipped ones and normalises with ``PIXEL_MEAN``/``PIXEL_STD``. A batch that fails
+  the checks, or that DALI fails to decode, is read by the PyTorch loader's own ``read_leaving_out`` instead:
+  its bad samples are left out, each named by file and record in ``take_problems()``, and the trainer stops or
+  skips them (``skip_bad_images``) as with the PyTorch loader; DALI resumes at the next batch.
 
 A DALI run therefore trains on the batches ``FaceDataLoader`` gives for the same seed, epoch, rank and world
 size (only the decoders' rounding differs), and ``set_epoch(epoch, start_step)`` starts at batch ``start_step``
-without reading or decoding a record of the batches before it.
+without reading or decoding a record of the batches before it. docs/data.md ("DALI") says what differs.
 
 ``nvidia.dali`` is imported only when the loader is built or iterated, so the package is needed only by runs
 with ``dali = True``.
 """
 from __future__ import annotations
 
+import logging
 import os
+import struct
+from collections import deque
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -25,23 +32,65 @@ import numpy as np
 import torch
 
 from dataset.faces import MXFaceDataset
-from dataset.images import PIXEL_MEAN, PIXEL_STD
-from dataset.loader import FaceSampler
+from dataset.images import PIXEL_MEAN, PIXEL_STD, normalise
+from dataset.loader import FaceSampler, read_leaving_out
+
+logger = logging.getLogger(__name__)
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# JPEG start-of-frame markers (baseline, extended, progressive, lossless; Huffman or arithmetic): C0-CF but DHT
+# (C4), JPG (C8) and DAC (CC).
+_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+
+
+def header_size(data: bytes) -> tuple[int, int] | None:
+    """``(H, W)`` of an encoded image read from its header alone (a JPEG's frame header, a PNG's ``IHDR``), or None
+    when the bytes are neither or the header is damaged. Decodes nothing: a few dozen bytes are read."""
+    if data[:8] == _PNG_SIGNATURE:
+        if len(data) < 24 or data[12:16] != b"IHDR":
+            return None
+        width, height = struct.unpack(">II", data[16:24])
+        return height, width
+    if data[:2] != b"\xff\xd8":
+        return None
+    pos = 2
+    while pos + 4 <= len(data):  # marker segments up to the frame header: FF, marker, big-endian length
+        if data[pos] != 0xFF:
+            return None
+        marker = data[pos + 1]
+        if marker == 0xFF:  # a fill byte before a marker
+            pos += 1
+        elif 0xD0 <= marker <= 0xD7 or marker == 0x01:  # markers without a length
+            pos += 2
+        elif marker in _SOF_MARKERS:
+            if pos + 9 > len(data):
+                return None
+            height, width = struct.unpack(">HH", data[pos + 5:pos + 9])
+            return height, width
+        elif marker in (0xD9, 0xDA):  # end of image, or a scan, before any frame header
+            return None
+        else:
+            pos += 2 + struct.unpack(">H", data[pos + 2:pos + 4])[0]
+    return None
 
 
 @dataclass(frozen=True)
 class EncodedBatch:
-    """One batch as the DALI pipeline takes it; sample ``j`` is dataset index ``indices[j]``."""
+    """One batch as the DALI pipeline takes it; sample ``j`` is dataset index ``indices[j]``. ``problem`` names the
+    first record that failed the checks (file, key, what is wrong) and is None when every record passed; such a
+    batch is not fed to DALI, and ``data``/``labels`` hold the records read before it."""
 
     indices: list[int]
+    flips: list[bool]
     data: list[np.ndarray]  # [(n_j,) uint8]: the encoded image (JPEG or PNG) as stored in the record
     labels: np.ndarray  # (B,) int64 class ids
     mirror: np.ndarray  # (B,) int32, 1 = flip left-right (crop_mirror_normalize takes int32)
+    problem: str | None = None
 
 
 class RecordBatches:
     """The batches of one rank, by index: sample indices and flips from ``FaceSampler``, bytes and labels read
-    by ``MXFaceDataset.raw``. What ``DaliLoader`` feeds DALI, with no DALI in it.
+    by ``MXFaceDataset.raw`` and checked. What ``DaliLoader`` feeds DALI, with no DALI in it.
 
     The sampler is built as ``FaceDataLoader`` builds it (``drop_last``), so batch ``k`` of an epoch holds
     ``FaceDataLoader``'s batch ``k`` samples, labels and flips. Either RecordIO layout reads: the dataset
@@ -66,11 +115,29 @@ class RecordBatches:
             yield self.read(indices, flips)
 
     def read(self, indices: Sequence[int], flips: Sequence[bool]) -> EncodedBatch:
-        """The records of dataset ``indices``, in order, with ``flips`` as DALI's mirror flags."""
-        raws = [self.dataset.raw(i) for i in indices]  # [(encoded bytes, class id, "file (key k)")]
-        return EncodedBatch(list(indices), [np.frombuffer(data, dtype=np.uint8) for data, _, _ in raws],
-                            np.array([label for _, label, _ in raws], dtype=np.int64),
-                            np.array(flips, dtype=np.int32))
+        """The records of dataset ``indices``, in order, with ``flips`` as DALI's mirror flags; reading stops at the
+        first record that does not read (``MXFaceDataset.raw``'s checks) or whose header is not a JPEG or PNG of
+        the dataset's ``image_size``, and ``problem`` says which and why."""
+        data: list[np.ndarray] = []
+        labels: list[int] = []
+        problem = None
+        for index in indices:
+            try:
+                image, label, where = self.dataset.raw(index)
+            except (ValueError, OSError) as exc:  # RecordIOError is a ValueError; it names the file and key
+                problem = str(exc) if isinstance(exc, ValueError) else f"sample {index}: {exc}"
+                break
+            size = header_size(image)
+            if size != tuple(self.dataset.image_size):
+                expected = "x".join(map(str, self.dataset.image_size))
+                problem = (f"{where}: not a JPEG or PNG image with a readable header ({len(image)} bytes, starts with "
+                           f"{image[:8]!r})" if size is None else
+                           f"{where}: image is {size[0]}x{size[1]} (HxW) by its header, expected {expected}")
+                break
+            data.append(np.frombuffer(image, dtype=np.uint8))
+            labels.append(label)
+        return EncodedBatch(list(indices), list(flips), data, np.array(labels, dtype=np.int64),
+                            np.array(flips, dtype=np.int32), problem)
 
 
 def _import_dali():
@@ -85,18 +152,24 @@ def _import_dali():
 
 
 class DaliLoader:
-    """Iterates ``(images float32 (B, 3, H, W) normalised, labels int64 (B,))`` on the GPU: ``RecordBatches``
-    decoded by DALI, with the trainer's loader interface.
+    """Iterates ``(images float32 (B, 3, H, W) normalised, labels int64 (B,))`` on the GPU (``device_id``; None: a
+    CPU pipeline on the CPU): ``RecordBatches`` decoded by DALI, with the trainer's loader interface.
 
     ``len()`` is the number of batches per rank per epoch; after ``set_epoch(epoch, start_step)`` iteration
     yields batches ``start_step .. len() - 1`` of that epoch, ``FaceDataLoader``'s batches for the same seed,
-    rank and world size. Each iteration builds its own pipeline over that epoch's batches, so an iteration
-    left before its end leaves nothing prefetched for the next.
+    rank and world size. A batch that fails ``RecordBatches``' checks, or that DALI fails to decode, is read by
+    ``read_leaving_out`` as ``FaceDataLoader`` reads it: ``B' < B`` samples (0 when none reads), and
+    ``take_problems()`` returns one line per sample left out since the last call. Each run of good batches gets
+    its own pipeline, so an iteration left before its end, or a pipeline DALI gave up on, leaves nothing
+    prefetched for the next.
     """
 
-    def __init__(self, batches: RecordBatches, device_id: int, num_threads: int = 4):
+    def __init__(self, batches: RecordBatches, device_id: int | None, num_threads: int = 4):
         self.batches, self.device_id, self.num_threads = batches, device_id, num_threads
         self.num_images = len(batches.dataset)
+        self.device = torch.device("cpu") if device_id is None else torch.device("cuda", device_id)
+        self.problems: list[str] = []
+        self._said_host_decode = False
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -105,16 +178,80 @@ class DaliLoader:
         """Select the epoch (its order and flips) and the batch to start from."""
         self.batches.set_epoch(epoch, start_step)
 
+    def take_problems(self) -> list[str]:
+        """The samples left out of the batches yielded since the last call, a line each naming the file and
+        record (``FaceDataLoader.take_problems``'s lines)."""
+        problems, self.problems = self.problems, []
+        return problems
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self.batches.sampler.start_step == len(self):
             return  # resumed at the epoch's end; DALI refuses a pipeline with no data
-        _, _, _, DALIGenericIterator = _import_dali()
-        pipe = self._pipeline(iter(self.batches))
-        for out in DALIGenericIterator(pipe, ["images", "labels"]):  # ends when the source raises StopIteration
-            yield out[0]["images"], out[0]["labels"]  # (B, 3, H, W) float32, (B,) int64, on the GPU
+        batches = iter(self.batches)
+        ahead: deque[EncodedBatch] = deque()  # read, not yet yielded, in the epoch's order
+        while True:
+            if not ahead:
+                batch = next(batches, None)
+                if batch is None:
+                    return
+                ahead.append(batch)
+            if ahead[0].problem is not None:
+                yield self._read_on_host(ahead.popleft(), None)
+                continue
+            yield from self._decode(ahead, batches)  # a pipeline from ahead[0], a good batch, to the next bad one
 
-    def _pipeline(self, source: Iterator[EncodedBatch]):
+    def _decode(self, ahead: deque[EncodedBatch], batches: Iterator[EncodedBatch]
+                ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """DALI's outputs for the good batches from ``ahead[0]`` on, each popped from ``ahead`` as it is yielded. Ends
+        where the source meets a batch with a problem (left in ``ahead``), at the epoch's end, or after the batch DALI
+        failed on, read on the host instead; the outputs of batches fed after it are dropped with the pipeline (they
+        stay in ``ahead``, read already, for the next pipeline)."""
+        _, _, _, DALIGenericIterator = _import_dali()
+
+        def source() -> Iterator[tuple[list[np.ndarray], np.ndarray, np.ndarray]]:
+            for batch in list(ahead):  # read before this pipeline: a previous one stopped before them
+                if batch.problem is not None:
+                    return
+                yield batch.data, batch.labels, batch.mirror
+            for batch in batches:
+                ahead.append(batch)
+                if batch.problem is not None:
+                    return  # DALI's epoch ends here; the caller reads this batch on the host
+                yield batch.data, batch.labels, batch.mirror
+
+        pipe = self._pipeline(source())
+        try:
+            # DALI reports a batch it cannot decode at that batch's output (the iterator's constructor fetches the
+            # first one); the pipeline is unusable after it.
+            outputs = DALIGenericIterator(pipe, ["images", "labels"])
+            for out in outputs:  # ends when the source returns
+                ahead.popleft()
+                yield out[0]["images"], out[0]["labels"]  # (B, 3, H, W) float32, (B,) int64, on self.device
+        except RuntimeError as exc:
+            yield self._read_on_host(ahead.popleft(), exc)
+
+    def _read_on_host(self, batch: EncodedBatch, dali_error: RuntimeError | None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``batch`` read by ``read_leaving_out`` (the PyTorch loader's reader), normalised on the device; its bad
+        samples left out and listed for ``take_problems``."""
+        images, labels, problems = read_leaving_out(self.batches.dataset, batch.indices, batch.flips)
+        self.problems += problems
+        if not problems and dali_error is not None:
+            # DALI failed on images the host decodes: a failure of DALI's own (memory, an image kind its decoders
+            # refuse), said each time; the batch trains as read on the host.
+            logger.warning("DALI could not decode a batch that the host decodes without error (%s); it trains as "
+                           "decoded on the host", str(dali_error).strip().splitlines()[-1])
+        elif not problems and not self._said_host_decode:
+            # An image kind the checks do not pass to DALI (neither JPEG nor PNG) that the host decodes at the right
+            # size: the run stays correct, only slower. Said once per loader.
+            self._said_host_decode = True
+            logger.warning("DALI loader: %s; the host decodes it at the right size, so its batch trains as decoded "
+                           "there (further such batches are not reported)", batch.problem)
+        return normalise(images.to(self.device)), labels.to(self.device)  # (B', 3, H, W) float32, (B',) int64
+
+    def _pipeline(self, source: Iterator[tuple[list[np.ndarray], np.ndarray, np.ndarray]]):
         fn, pipeline_def, types, _ = _import_dali()
+        on_gpu = self.device_id is not None
 
         @pipeline_def(batch_size=self.batches.sampler.batch_size, num_threads=self.num_threads,
                       device_id=self.device_id)
@@ -122,12 +259,13 @@ class DaliLoader:
             # One source for the three inputs keeps each batch's bytes, labels and flips together in DALI's
             # prefetch queue.
             jpegs, labels, mirror = fn.external_source(
-                source=((b.data, b.labels, b.mirror) for b in source), num_outputs=3, batch=True,
-                dtype=[types.UINT8, types.INT64, types.INT32], ndim=[1, 0, 0])
-            images = fn.decoders.image(jpegs, device="mixed", output_type=types.RGB)  # (H, W, 3) uint8 each
+                source=source, num_outputs=3, batch=True, dtype=[types.UINT8, types.INT64, types.INT32],
+                ndim=[1, 0, 0])
+            images = fn.decoders.image(jpegs, device="mixed" if on_gpu else "cpu",
+                                       output_type=types.RGB)  # (H, W, 3) uint8 each
             images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mean=[PIXEL_MEAN] * 3,
                                               std=[PIXEL_STD] * 3, mirror=mirror)  # (3, H, W) float32 each
-            return images, labels.gpu()
+            return images, labels.gpu() if on_gpu else labels
 
         pipe = pipeline()
         pipe.build()

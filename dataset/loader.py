@@ -106,37 +106,43 @@ def _read_per_sample(dataset: Dataset, indices: Sequence[int], flips: Sequence[b
     return stack_flipped([img for img, _ in samples], flips), labels
 
 
+def read_leaving_out(dataset: Dataset, indices: Sequence[int], flips: Sequence[bool]
+                     ) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """``(uint8 (B', 3, H, W), labels (B',), problems)``: samples ``indices`` of ``dataset``, mirrored where ``flips``
+    says, with every sample that cannot be read or decoded left out (``B' < B``, possibly 0) and one line in
+    ``problems`` for it, naming its file (the trainer decides whether that stops the run). What a loader worker
+    returns for a batch, and what the DALI loader decodes a batch with when DALI cannot take it."""
+    read = getattr(dataset, "read_batch", None) or functools.partial(_read_per_sample, dataset)
+    try:
+        images, labels = read(indices, flips)
+        return images, labels, []
+    except (ValueError, OSError):
+        pass  # a bad sample: read them one by one to leave out exactly the bad ones
+    good: list[tuple[torch.Tensor, torch.Tensor]] = []
+    problems: list[str] = []
+    for index, flip in zip(indices, flips):
+        try:
+            good.append(read([index], [flip]))
+        except (ValueError, OSError) as exc:
+            problems.append(str(exc) if isinstance(exc, ValueError) else f"sample {index}: {exc}")
+    if not good:
+        size = getattr(dataset, "image_size", (112, 112))
+        return torch.empty((0, 3, *size), dtype=torch.uint8), torch.empty(0, dtype=torch.int64), problems
+    images = torch.cat([g[0] for g in good]).contiguous(memory_format=torch.channels_last)  # (B', 3, H, W)
+    return images, torch.cat([g[1] for g in good]), problems
+
+
 class _BatchView(Dataset):
-    """What a worker calls: ``view[(indices, flips)]`` -> ``(uint8 (B', 3, H, W), labels (B',), problems)``,
-    flipped: a sample that cannot be read or decoded is left out (``B' < B``) and ``problems`` has one line for it,
-    naming its file (the trainer decides whether that stops the run)."""
+    """What a worker calls: ``view[(indices, flips)]`` -> ``read_leaving_out(dataset, indices, flips)``."""
 
     def __init__(self, dataset: Dataset):
         self.dataset = dataset
-        self.read = getattr(dataset, "read_batch", None) or functools.partial(_read_per_sample, dataset)
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, item: tuple[Sequence[int], Sequence[bool]]) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
-        indices, flips = item
-        try:
-            images, labels = self.read(indices, flips)
-            return images, labels, []
-        except (ValueError, OSError):
-            pass  # a bad sample: read them one by one to leave out exactly the bad ones
-        good: list[tuple[torch.Tensor, torch.Tensor]] = []
-        problems: list[str] = []
-        for index, flip in zip(indices, flips):
-            try:
-                good.append(self.read([index], [flip]))
-            except (ValueError, OSError) as exc:
-                problems.append(str(exc) if isinstance(exc, ValueError) else f"sample {index}: {exc}")
-        if not good:
-            size = getattr(self.dataset, "image_size", (112, 112))
-            return torch.empty((0, 3, *size), dtype=torch.uint8), torch.empty(0, dtype=torch.int64), problems
-        images = torch.cat([g[0] for g in good]).contiguous(memory_format=torch.channels_last)  # (B', 3, H, W)
-        return images, torch.cat([g[1] for g in good]), problems
+        return read_leaving_out(self.dataset, *item)
 
 
 def _worker_init(worker_id: int) -> None:

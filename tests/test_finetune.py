@@ -5,7 +5,8 @@ crop, then fine-tuned with the recipe on a second, disjoint set of another kind 
 aligner crop them: looser) with few images per identity, and verified on held-out identities of that kind.
 Fine-tuned beats both the pre-trained model as it is and the same recipe from scratch; the recipe's frozen
 batch-norm statistics and stages come out bit-identical. In process: head warm-up keeps the backbone bit for
-bit and then trains it, also on 2 DDP ranks with gradient accumulation (which fine-tune like one process); the
+bit and then trains it, also on 2 DDP ranks with gradient accumulation (which fine-tune like one process) and under
+fp16 (the head's update unscaled, an overflow skipped with the scale backed off, no gradient to the backbone); the
 backbone's LR is the head's times the scale at every step; frozen batch norm and frozen stages; what a stage is
 for each backbone family; defaults that change nothing. Through the CLI: resuming inside the head warm-up, and
 bad values.
@@ -186,6 +187,64 @@ def test_head_warmup_keeps_the_backbone_bit_for_bit_then_trains_it():
     moved = _changed(snapshots[3], snapshots[4])
     assert "layer1.0.conv1.weight" in moved and "layer1.0.bn1.running_mean" in moved, moved
     assert job.backbone.training
+
+
+def _fp16_warmup(scaler_enabled: bool):
+    """A fp16 job (CPU autocast) with 3 head-only steps, its loss scale at 256 (or disabled), and a counter of the
+    gradients computed for the backbone's parameters."""
+    from utils.precision import LossScaler
+
+    job = _job(("fp16=true", "head_warmup_steps=3", "max_nonfinite_steps=5"))
+    assert job.autocast_dtype == torch.float16 and job.scaler.is_enabled()
+    job.scaler = LossScaler(enabled=scaler_enabled, init_scale=256.0)
+    reached: list[str] = []
+    for name, param in job.backbone.named_parameters():
+        if param.requires_grad:
+            param.register_hook(lambda g, name=name: reached.append(name))
+    job.loader.set_epoch(0)
+    return job, iter(job.loader), reached
+
+
+def _head(job) -> dict[str, torch.Tensor]:
+    out = {"weight": job.head.weight.detach().clone()}
+    out.update({f"state.{k}": v.clone() for s in job.opt_head.state.values() for k, v in s.items()})
+    return out
+
+
+def test_fp16_head_warmup_unscales_skips_together_and_keeps_the_backbone():
+    """fp16 (the loss scale) during head warm-up: the head's update is the one of an unscaled loss; an overflow in
+    the head's gradient skips the step (head, its optimizer state and the backbone unchanged), counts as non-finite
+    and backs the scale off once; no gradient reaches the backbone on any warm-up step, and the first step after
+    warm-up trains it at the scale the warm-up left."""
+    import train
+
+    job, batches, reached = _fp16_warmup(True)
+    plain, plain_batches, _ = _fp16_warmup(False)  # the same fp16 steps without a loss scale
+    backbone, state, plain_state = _backbone(job), TrainState(), TrainState()
+
+    initial = _head(job)["weight"]
+    assert train.optimizer_step(job, state, [next(batches)]) is not None
+    assert train.optimizer_step(plain, plain_state, [next(plain_batches)]) is not None
+    torch.testing.assert_close(job.head.weight, plain.head.weight, rtol=1e-5, atol=1e-6)  # unscaled before the update
+    assert not torch.equal(job.head.weight, initial) and job.scaler.scale == 256.0
+    state.step += 1
+
+    head = _head(job)
+    overflow = job.head.weight.register_hook(lambda g: g * float("inf"))  # every entry inf (or 0 * inf: NaN)
+    assert train.optimizer_step(job, state, [next(batches)]) is None
+    overflow.remove()
+    assert all(torch.equal(v, _head(job)[k]) for k, v in head.items())
+    assert job.scaler.scale == 128.0 and state.nonfinite_in_row == 1 and state.skipped_steps == 1
+    state.step += 1
+
+    assert train.optimizer_step(job, state, [next(batches)]) is not None
+    assert not torch.equal(head["weight"], job.head.weight) and state.nonfinite_in_row == 0
+    assert job.scaler.scale == 128.0 and reached == [] and _changed(backbone, _backbone(job)) == []
+    state.step += 1
+
+    assert train.optimizer_step(job, state, [next(batches)]) is not None  # step 3: the backbone trains
+    assert "layer1.0.conv1.weight" in reached and "layer1.0.conv1.weight" in _changed(backbone, _backbone(job))
+    assert job.scaler.scale == 128.0
 
 
 def test_the_backbone_lr_is_the_head_lr_times_the_scale_at_every_step():

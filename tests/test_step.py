@@ -1,10 +1,12 @@
-"""One decision per step for both optimizers (train.optimizer_step), in process on 1 and 2 gloo ranks.
+"""One decision per step for both optimizers (train.optimizer_step), in process on 1, 2 and 3 gloo ranks.
 
 A non-finite value anywhere (the loss, one backbone gradient, the head's gradient on one rank) makes both
 optimizers skip on every rank: weights, optimizer state and batch-norm statistics stay bit-identical, the
 fp16 loss scale backs off once, and the skip counts towards max_nonfinite_steps. The same holds for bf16
-(no scaler) and fp32. A finite step moves both. The step's one host read is its flags; the loop
-(train.train) reads the logged loss once per progress line.
+(no scaler) and fp32. A finite step moves both. A rank whose loader left its batch with fewer than 2 samples
+makes every rank skip the update (the loss scale and the non-finite count untouched), or stop with the line
+naming the file. The step's one host read is its flags; the loop (train.train) reads the logged loss once per
+progress line.
 """
 from __future__ import annotations
 
@@ -94,13 +96,13 @@ def _decisions(rank: int, world_size: int, where: str, value: float, fp16_scaler
     if handle is not None:
         handle.remove()
     changed = sorted(k for k in before if not torch.equal(before[k], after[k]))
-    skipped = dict(loss=None if loss is None else float(loss), changed=changed, scale=(scale, job.scaler.scale), in_row=state.nonfinite_in_row,
-                   skipped=state.skipped_steps)
+    skipped = dict(loss=None if loss is None else float(loss), changed=changed, scale=(scale, job.scaler.scale),
+                   in_row=state.nonfinite_in_row, skipped=state.skipped_steps)
     state.step += 1
     good = train.optimizer_step(job, state, _batch(rank, 2, device))
     moved = sorted(k for k, v in _snapshot(job).items() if not torch.equal(v, after[k]))
-    return dict(skipped=skipped, good_loss=None if good is None else float(good), moved=moved, in_row_after=state.nonfinite_in_row,
-                scale_after=job.scaler.scale)
+    return dict(skipped=skipped, good_loss=None if good is None else float(good), moved=moved,
+                in_row_after=state.nonfinite_in_row, scale_after=job.scaler.scale)
 
 
 CASES = [
@@ -516,3 +518,73 @@ def test_ranks_train_like_one_process(world_size):
     over 2 and 3 shards, per-rank batches of different sizes."""
     one = run_on_local_ranks(ranks_train_like_one_process, 1, world_size)[0]
     check_ranks_train_like_one_process(one, run_on_local_ranks(ranks_train_like_one_process, world_size, world_size))
+
+
+class _Warnings(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def _whole_batch_bad(rank: int, world_size: int, bad_rank: int, kept: int, skip: bool) -> dict:
+    """A good step, then one where ``bad_rank``'s loader left out all but ``kept`` of its 6 samples (the others'
+    batches are whole), then a good step: what each did, or the error the bad step raised."""
+    import train
+
+    job = _job(rank, world_size, fp16_scaler=True, overrides=(f"skip_bad_images={skip}", "batch_size=6"))
+    job.logger = logging.getLogger(f"test.short.{rank}.{kept}.{skip}")
+    warnings = _Warnings()
+    job.logger.addHandler(warnings)
+    state = TrainState()
+    assert train.optimizer_step(job, state, _batch(rank, 0)) is not None  # momentum and statistics exist
+    state.step += 1
+    before, scale = _snapshot(job), job.scaler.scale
+    (images, labels), = _batch(rank, 1)
+    bad = []
+    if rank == bad_rank:
+        images, labels = images[:kept], labels[:kept]
+        bad = [f"data/train.rec (key {k}): cannot decode image" for k in range(6 - kept)]
+    try:
+        loss = train.optimizer_step(job, state, [(images, labels)], bad)
+    except ValueError as exc:
+        return dict(error=str(exc))
+    changed = sorted(k for k, v in _snapshot(job).items() if not torch.equal(before[k], v))
+    result = dict(loss=loss, changed=changed, scale=(scale, job.scaler.scale), in_row=state.nonfinite_in_row,
+                  skipped=state.skipped_steps, warnings=warnings.lines)
+    state.step += 1
+    after = _snapshot(job)
+    result["next"] = train.optimizer_step(job, state, _batch(rank, 2)) is not None
+    result["moved"] = any(not torch.equal(after[k], v) for k, v in _snapshot(job).items() if k.startswith("model."))
+    return result
+
+
+SHORT_CASES = [(kept, skip) for kept in (0, 1) for skip in (True, False)]
+
+
+def _short_cases(rank: int, world_size: int, bad_rank: int) -> list[dict]:
+    return [_whole_batch_bad(rank, world_size, bad_rank, kept, skip) for kept, skip in SHORT_CASES]  # one start
+
+
+@pytest.mark.parametrize("world_size, bad_rank", [(2, 0), (3, 1)])
+def test_a_rank_whose_batch_is_left_too_small_skips_the_step_on_every_rank(world_size, bad_rank):
+    """Batch norm trains on no fewer than 2 samples: a rank whose loader left out all (or all but one) of its
+    samples does not crash alone (the others would wait in the next collective). With skip_bad_images every rank
+    skips that update (weights, optimizer state, batch-norm statistics, the loss scale and the non-finite count
+    unchanged) and the next step trains; without it every rank stops with the line naming the file."""
+    for rank, per_case in enumerate(run_on_local_ranks(_short_cases, world_size, bad_rank)):
+        for (kept, skip), r in zip(SHORT_CASES, per_case):
+            case = f"rank {rank}, {kept} sample(s) kept on rank {bad_rank}, skip_bad_images={skip}"
+            if not skip:
+                assert r.get("error", "").startswith(
+                    f"data/train.rec (key 0): cannot decode image (and {5 - kept} more)"), (case, r)
+                continue
+            assert "error" not in r, (case, r)
+            assert r["loss"] is None and r["changed"] == [], (case, r["changed"])
+            assert r["scale"][0] == r["scale"][1] == 1024.0 and r["in_row"] == 0 and r["skipped"] == 0, (case, r)
+            assert r["next"] and r["moved"], case
+            assert r["warnings"][-1] == ("step 1: a rank's batch kept fewer than 2 readable samples, too few to train "
+                                         "on; update of backbone and head skipped on every rank"), (case, r)
+            assert len([w for w in r["warnings"] if "(skip_bad_images): data/train.rec (key " in w]) == 6 - kept

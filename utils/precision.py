@@ -170,20 +170,23 @@ class NonFiniteLossError(RuntimeError):
 
 
 def nonfinite_parts(loss: Tensor, backbone_grads: list[Tensor], head_grad: Tensor | None,
-                    bad_samples: int = 0) -> tuple[list[str], Tensor, bool]:
+                    bad_samples: int = 0, short_batch: bool = False) -> tuple[list[str], Tensor, bool, bool]:
     """One decision for both optimizers on every rank: which of the loss, the backbone's gradients and this
-    rank's head gradient (dense, or the values of a sparse one) are not finite on any rank, and whether any rank's
-    loader left out a sample it could not read (``bad_samples`` on this rank).
+    rank's head gradient (dense, or the values of a sparse one) are not finite on any rank, whether any rank's
+    loader left out a sample it could not read (``bad_samples`` on this rank), and whether any rank's batch was too
+    small to train on (``short_batch`` on this rank).
 
     Returns ``(names of the non-finite parts, [] when all are finite; the backbone's gradient norm; whether a rank
-    left out a sample)``. The backbone's gradients are equal on every rank after DDP's all-reduce and the loss is
-    the global mean, but the head's gradients and the samples are each rank's own: the four flags are all-reduced
-    (MAX), so every rank skips or steps, or stops, together. Reading them is the one host-device synchronisation of
-    the trainer's step.
+    left out a sample; whether a rank's batch was too small)``. The backbone's gradients are equal on every rank
+    after DDP's all-reduce and the loss is the global mean, but the head's gradients and the batches are each rank's
+    own: the five flags are all-reduced (MAX), so every rank skips or steps, or stops, together. Reading them is the
+    one host-device synchronisation of the trainer's step.
     """
     norm = torch.nn.utils.get_total_norm(backbone_grads) if backbone_grads else loss.new_zeros(())  # ()
     head = head_grad.sum() if head_grad is not None else loss.new_zeros(())  # () non-finite iff an entry is
     flags = (~torch.isfinite(torch.stack([loss.float(), norm.float(), head.float()]))).float()  # (3,)
-    flags = torch.cat([flags, flags.new_full((1,), float(bad_samples > 0))])  # (4,)
+    # Filled on the device (new_full), not copied from a host list, which would wait for the queued kernels.
+    flags = torch.cat([flags, flags.new_full((1,), float(bad_samples > 0)), flags.new_full((1,), float(short_batch))])
     bad = to_host(all_reduce(flags, dist.ReduceOp.MAX))
-    return [name for name, b in zip(("loss", "backbone gradients", "head gradients"), bad) if b], norm, bool(bad[3])
+    return ([name for name, b in zip(("loss", "backbone gradients", "head gradients"), bad) if b], norm, bool(bad[3]),
+            bool(bad[4]))
