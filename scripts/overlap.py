@@ -75,7 +75,8 @@ from tqdm import tqdm  # noqa: E402
 from dataset import ImageFolderDataset, MXFaceDataset, build_dataset  # noqa: E402
 from dataset.recordio import write_insightface_rec  # noqa: E402
 from dataset.verification_set import BadBinError, RefusedGlobal, load_bin  # noqa: E402
-from eval.model_source import add_model_options, build_backbone, check_model_options, device_of  # noqa: E402
+from eval.model_options import add_model_options, backbone_from_options, check_model_options  # noqa: E402
+from eval.model_source import device_of  # noqa: E402
 from eval.verification import embed  # noqa: E402
 from partial_fc.checkpoint import load_head_rows  # noqa: E402
 from utils.checkpoint import MANIFEST, find_latest, head_file, read_manifest  # noqa: E402
@@ -148,8 +149,7 @@ def _normalised(x: torch.Tensor) -> torch.Tensor:
 def flip_embeddings(images: torch.Tensor, backbone: torch.nn.Module, batch_size: int, bar: tqdm) -> torch.Tensor:
     """(N, D) float32 L2-normalised embeddings of uint8 ``images`` (N, 3, H, W): the embedding of each image
     plus that of its mirror image, as the verification protocol (``eval.verification.test``) computes them."""
-    summed = (embed(images, backbone, batch_size, bar.update)
-              + embed(images, backbone, batch_size, bar.update, flip=True))  # (N, D) float64
+    summed = embed(images, backbone, batch_size, flip=True, progress=bar.update)  # (N, D) float64
     return _normalised(torch.from_numpy(summed)).float()
 
 
@@ -414,7 +414,7 @@ def run(args: argparse.Namespace) -> list[Match]:
         raise FileNotFoundError(f"--head {args.head}: {'no such folder' if problem == 'not found' else problem}")
     data = open_training_set(args.rec)
     head = read_head(args.head, data) if args.head is not None else None  # a head of other data stops here
-    backbone = build_backbone(args).eval()
+    backbone = backbone_from_options(args)
 
     tests: list[tuple[Path, torch.Tensor, Threshold]] = []
     for path in args.bins:

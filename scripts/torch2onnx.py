@@ -4,7 +4,7 @@
     python scripts/torch2onnx.py --network r50 --weights backbone.pth --output r50.onnx
     python scripts/torch2onnx.py work_dirs/ms1mv3_r50 --simplify    # as arcface_torch's: writes .../model.onnx
 
-The model options are those of every evaluation tool (``eval.model_source``): without ``--network`` the
+The model options are those of every evaluation tool (``eval.model_options``): without ``--network`` the
 network is read from ``model.json`` beside the weights. As in arcface_torch's script, the weights may also be
 the first argument instead of ``--weights``, a folder means its ``model.pt``, and ``--output`` defaults to
 ``model.onnx`` beside the weights; ``--simplify`` runs onnxsim (``pip install onnxsim``) on the exported
@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from eval.model_source import add_model_options, build_backbone, check_model_options, weights_file  # noqa: E402
+from eval.model_options import add_model_options, backbone_from_options, check_model_options  # noqa: E402
+from eval.model_source import weights_file  # noqa: E402
 from utils.files import atomic_write  # noqa: E402
 from utils.cli import print_error  # noqa: E402
 
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         output = args.output or weights_file(args.weights).parent / ONNX_FILE
-        model = build_backbone(args)
+        model = backbone_from_options(args)
         export(model, output, opset=args.opset, simplify=args.simplify)
         diff = max_difference(model, output, batch=args.batch)
     except (ValueError, OSError) as exc:  # OSError: an --output that cannot be written

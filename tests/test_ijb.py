@@ -1,10 +1,12 @@
-"""eval.ijb_protocol (five-point alignment, template aggregation, the 1:1 protocol) and the eval.ijb CLI on a
-generated mini IJB folder."""
+"""eval.ijb_protocol (five-point alignment, template aggregation, the 1:1 protocol) and scripts/ijb.py (also run as
+``python -m eval.ijb``) on a generated mini IJB folder."""
 from __future__ import annotations
 
 import json
 import math
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -12,8 +14,9 @@ import torch
 from torch import nn
 from torchvision.io import encode_png
 
-from eval import ijb, ijb_protocol
-from tests.helpers import UNWRITABLE
+from eval import ijb_protocol
+from scripts import ijb
+from tests.helpers import ROOT, UNWRITABLE
 
 
 def _similarity(scale: float, angle: float, tx: float, ty: float) -> np.ndarray:
@@ -172,8 +175,8 @@ def test_cli_names_an_output_it_cannot_write_after_the_table(mini_ijb, capsys):
                    "--batch-size", "6", "--json", f"{UNWRITABLE}/ijb.json"])
     captured = capsys.readouterr()
     assert rc == 2 and captured.out.splitlines()[1].startswith("IJBC")  # the results are printed first
-    err = [line for line in captured.err.replace("\r", "\n").splitlines() if line.startswith("eval.ijb")]
-    assert len(err) == 1 and err[0].startswith("eval.ijb: error: ") and UNWRITABLE in err[0], err
+    err = [line for line in captured.err.replace("\r", "\n").splitlines() if line.startswith("ijb")]
+    assert len(err) == 1 and err[0].startswith("ijb: error: ") and UNWRITABLE in err[0], err
     assert "Traceback" not in captured.err
 
 
@@ -185,7 +188,7 @@ def test_cli_names_an_image_that_fails_in_a_loader_worker(mini_ijb, tmp_path, ca
     rc = ijb.main(["--network", "tiny", "--embedding-size", "8", "--network-kwargs", '{"widths": [4, 4, 8, 8]}',
                    "--random-init", "0", "--data-dir", str(data), "--target", "IJBC", "--num-workers", "1",
                    "--batch-size", "6"])
-    err = [line for line in capsys.readouterr().err.replace("\r", "\n").splitlines() if line.startswith("eval.ijb")]
+    err = [line for line in capsys.readouterr().err.replace("\r", "\n").splitlines() if line.startswith("ijb")]
     assert rc == 2 and len(err) == 1 and "3.png" in err[0], err
     assert "Traceback" not in err[0] and "Caught" not in err[0] and len(err[0]) < 600, err
 
@@ -207,3 +210,18 @@ def test_cli_on_mini_ijb(mini_ijb, tmp_path, capsys, monkeypatch, precision):
     summary = json.loads((tmp_path / "ijb.json").read_text())["IJBC"]
     assert set(summary["tar"]) == {"1e-06", "1e-05", "0.0001", "0.001", "0.01", "0.1"} and summary["pairs"] == 6
     assert (tmp_path / "roc.png").stat().st_size > 0
+
+
+@pytest.mark.timeout(120)
+def test_python_m_eval_ijb_still_runs_the_tool(mini_ijb, tmp_path):
+    """The old command runs scripts/ijb.py with its arguments, exit status and messages."""
+    model = ["--network", "tiny", "--embedding-size", "8", "--network-kwargs", '{"widths": [4, 4, 8, 8]}',
+             "--random-init", "0", "--num-workers", "0", "--batch-size", "6"]
+    proc = subprocess.run([sys.executable, "-m", "eval.ijb", *model, "--data-dir", str(mini_ijb), "--json",
+                           str(tmp_path / "ijb.json")], cwd=ROOT, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0 and proc.stdout.splitlines()[1].startswith("IJBC"), proc.stderr
+    assert json.loads((tmp_path / "ijb.json").read_text())["IJBC"]["pairs"] == 6
+    proc = subprocess.run([sys.executable, "-m", "eval.ijb", *model, "--data-dir", str(tmp_path / "none")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"ijb: error: IJB protocol file not found: {tmp_path / 'none' / 'meta' / 'ijbc_face_tid_mid.txt'}"]

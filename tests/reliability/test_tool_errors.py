@@ -116,15 +116,15 @@ def test_every_tool_reports_an_error_in_one_line(capsys):
 
 
 def test_verify_names_a_folder_given_as_a_target_and_a_missing_one(tmp_path, capsys):
-    from eval import verify
+    from scripts import verify
 
     (tmp_path / "lfw.bin").mkdir()
     argv = ["--network", "tiny", "--network-kwargs", '{"widths": [4, 8, 8, 16]}', "--embedding-size", "16",
             "--random-init", "0", "--data-dir", str(tmp_path), "--device", "cpu"]
     assert verify.main([*argv, "--targets", "lfw"]) == 2
-    assert _one_line(capsys, "eval.verify") == (f"eval.verify: error: verification file is a folder, not a file: "
-                                                f"{tmp_path / 'lfw.bin'}")
+    assert _one_line(capsys, "verify") == (f"verify: error: verification file is a folder, not a file: "
+                                           f"{tmp_path / 'lfw.bin'}")
     assert verify.main([*argv, "--targets", "cfp_fp,lfw"]) == 2
-    assert _one_line(capsys, "eval.verify") == (f"eval.verify: error: verification file(s) not found: "
-                                                f"{tmp_path / 'cfp_fp.bin'}; verification file is a folder, not a "
-                                                f"file: {tmp_path / 'lfw.bin'}")
+    assert _one_line(capsys, "verify") == (f"verify: error: verification file(s) not found: "
+                                           f"{tmp_path / 'cfp_fp.bin'}; verification file is a folder, not a "
+                                           f"file: {tmp_path / 'lfw.bin'}")
