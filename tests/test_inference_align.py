@@ -200,8 +200,9 @@ def test_verify_saves_thresholds_that_compare_reads(photos, run, tmp_path, capsy
         assert compare.main([*map(str, pair), *model, "--target", "other", "--device", "cpu"]) == 0
         lines = capsys.readouterr().out.splitlines()
         assert _similarity(lines[0]) == pytest.approx(_similarity(out.stdout), abs=2e-4), (model, lines)
-        assert lines[1].endswith(f"the threshold {card['thresholds']['other']['cosine']:.4f} (calibrated on other "
-                                 f"by scripts/verify.py: accuracy {card['thresholds']['other']['acc']:.5f} on 12 pairs)")
+        other = card["thresholds"]["other"]
+        assert lines[1].endswith(f"the threshold {other['cosine']:.4f} (calibrated on other by scripts/verify.py: "
+                                 f"accuracy {other['acc']:.5f} on 12 pairs)")
 
     # A target the card does not hold: one line, before any photo is read.
     assert compare.main([*map(str, pair), "--weights", str(folder), "--target", "lfw", "--device", "cpu"]) == 2
