@@ -1,4 +1,6 @@
-"""Any photo a user has, as an RGB uint8 tensor, or one error saying what is wrong with it."""
+"""Any photo a user has, as an RGB uint8 tensor, upright, or one error saying what is wrong with it: ``read_photo``,
+the one reader of a face photo from a file (the training decoder, ``dataset.images.decode``, applies the EXIF
+orientation as it does)."""
 from __future__ import annotations
 
 import os

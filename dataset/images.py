@@ -1,8 +1,10 @@
 """Face images: decoding, resizing and the one normalisation every reader of the project feeds a backbone.
 
-A decoded image is a ``(3, H, W)`` uint8 RGB tensor. ``normalise`` turns uint8 images into the float32
-values a backbone sees, ``(x - 127.5) / 127.5``: the trainer's loader, the verification and IJB protocols
-and single-image inference all call it, so a model is evaluated on exactly the values it was trained on.
+A decoded image is a ``(3, H, W)`` uint8 RGB tensor, upright: the EXIF orientation is applied, as
+``alignment.read_photo`` applies it, so a photo trains as every tool reads it. ``normalise`` turns uint8
+images into the float32 values a backbone sees, ``(x - 127.5) / 127.5``: the trainer's loader, the
+verification and IJB protocols and single-image inference all call it, so a model is evaluated on exactly the
+values it was trained on.
 ``decode_many`` and ``stack_flipped`` are the loader's batch path: a worker decodes a whole batch per call
 into one uint8 tensor.
 """
@@ -24,7 +26,7 @@ NORMALISATION = f"RGB, (x - {PIXEL_MEAN}) / {PIXEL_STD}"
 
 
 def decode(data: bytes, where: str, image_size: tuple[int, int] | None = None) -> torch.Tensor:
-    """Decode JPEG or PNG bytes to a ``(3, H, W)`` uint8 RGB tensor.
+    """Decode JPEG or PNG bytes to a ``(3, H, W)`` uint8 RGB tensor, its EXIF orientation applied.
 
     ``ValueError`` naming ``where`` when the bytes do not decode, or, with ``image_size`` (H, W), when the
     image has another size.
@@ -33,9 +35,9 @@ def decode(data: bytes, where: str, image_size: tuple[int, int] | None = None) -
     raw = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
     try:
         if _is_jpeg(data):
-            image = decode_jpeg(raw, mode=ImageReadMode.RGB)  # (3, H, W)
+            image = decode_jpeg(raw, mode=ImageReadMode.RGB, apply_exif_orientation=True)  # (3, H, W)
         else:
-            image = decode_image(raw, mode=ImageReadMode.RGB)  # (3, H, W)
+            image = decode_image(raw, mode=ImageReadMode.RGB, apply_exif_orientation=True)  # (3, H, W)
     except (RuntimeError, ValueError) as exc:
         raise ValueError(f"{where}: cannot decode image ({len(data)} bytes, starts with {data[:8]!r}): "
                          f"{exc}") from exc
@@ -67,7 +69,7 @@ def decode_many(data: Sequence[bytes], where: Sequence[str], image_size: tuple[i
             raws.append(whole[start:start + len(data[j])])  # (len,) view, no copy
             start += len(data[j])
         try:
-            decoded = decode_jpeg(raws, mode=ImageReadMode.RGB)  # [(3, H, W)]
+            decoded = decode_jpeg(raws, mode=ImageReadMode.RGB, apply_exif_orientation=True)  # [(3, H, W)]
         except (RuntimeError, ValueError):
             # One bad image fails the whole call; decode one by one so the error names that image.
             decoded = [decode(data[j], where[j]) for j in jpegs]

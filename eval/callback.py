@@ -106,6 +106,6 @@ class CallbackVerification:
             if self.summary_writer is not None:
                 for key in _LOGGED:
                     self.summary_writer.add_scalar(f"val/{target}/{key}", r[key], global_step)
-        # The same table, in the same units (fractions), as python -m eval.verify prints.
+        # The same table, in the same units (fractions), as scripts/verify.py prints.
         logger.info("verification at step %d\n%s", global_step, "\n".join(format_table(results, self.best)))
         return results

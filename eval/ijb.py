@@ -1,68 +1,12 @@
-"""IJB-B / IJB-C 1:1 verification of a backbone from the command line (the protocol: ``eval.ijb_protocol``).
+"""``python -m eval.ijb``: the name ``scripts/ijb.py`` had before the command-line tools moved to ``scripts/``.
 
-    python -m eval.ijb --network r100 --weights model.pt --data-dir IJBC --target IJBC [--json ijbc.json]
-    python -m eval.ijb --weights work_dirs/ms1mv3_r100/model.pt --data-dir IJBC   # network from model.json
-
-``DATA_DIR`` is the released layout (``loose_crop/``, ``meta/``). Prints TAR at FAR 1e-6 ... 1e-1 and the
-AUC, in percent as the published IJB tables; ``--json`` writes them as fractions, ``--roc`` plots the ROC.
-The model options are those of every evaluation tool (``eval.model_source``).
-
-Exit status: 0 done; 2 a usage, data or configuration error (bad options, a missing or malformed protocol
-file, an image that does not read, weights that do not fit the network), one line.
+Run as a module it runs that script with the same arguments (by its path: a library module imports no tool);
+imported, it defines nothing. The protocol is ``eval.ijb_protocol``.
 """
-from __future__ import annotations
-
-import argparse
-import json
+import runpy
 import sys
 from pathlib import Path
-from typing import Sequence
-
-from eval.ijb_protocol import evaluate_ijb
-from eval.model_source import add_model_options, build_backbone, check_model_options
-from eval.plots import write_roc_curves
-from utils.cli import print_error
-
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m eval.ijb", description=__doc__.split("\n\n")[0])
-    add_model_options(p, precision=True)
-    p.add_argument("--data-dir", type=Path, required=True, help="IJB folder with loose_crop/ and meta/")
-    p.add_argument("--target", default="IJBC", help="IJBB or IJBC (prefix of the meta files)")
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--num-workers", type=int, default=4, help="processes reading and aligning images")
-    p.add_argument("--roc", type=Path, help="write the ROC plot (PNG, log FAR axis)")
-    p.add_argument("--json", type=Path, help="write {target: {tar: {far: tar}, auc, pairs, ...}} as JSON")
-    args = p.parse_args(argv)
-    check_model_options(p, args)
-    if args.batch_size < 1 or args.num_workers < 0:
-        p.error(f"need --batch-size >= 1 and --num-workers >= 0; got {args.batch_size}, {args.num_workers}")
-    return args
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        backbone = build_backbone(args)
-        result = evaluate_ijb(args.data_dir, args.target, backbone, args.batch_size, args.num_workers)
-        levels = list(result["tar"])
-        print(f"{'target':<8} {'pairs':>10} " + " ".join(f"{'FAR=' + lv:>11}" for lv in levels) + f" {'AUC':>8}")
-        print(f"{args.target:<8} {result['pairs']:>10} "
-              + " ".join(f"{100 * result['tar'][lv]:>11.2f}" for lv in levels) + f" {100 * result['auc']:>8.3f}")
-        if args.json is not None:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            summary = {k: v for k, v in result.items() if k not in ("fpr", "tpr")}
-            args.json.write_text(json.dumps({args.target: summary}, indent=2) + "\n")
-        if args.roc is not None:
-            write_roc_curves(args.roc, {args.target: (result["fpr"], result["tpr"])}, title=f"{args.target} 1:1",
-                             log_fpr=True)
-    except (OSError, ValueError) as exc:  # a bad file names itself; a traceback would only hide it
-        # An image that fails in a loader worker comes back with the worker's traceback in its message:
-        # print_error prints the original error's line.
-        print_error("eval.ijb", exc)
-        return 2
-    return 0
-
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.argv[0] = str(Path(__file__).resolve().parents[1] / "scripts" / "ijb.py")
+    runpy.run_path(sys.argv[0], run_name="__main__")

@@ -5,12 +5,12 @@
 (template 1, template 2, 1 = same person / 0) and ``{t}_name_5pts_score.txt`` (image name, 5 landmarks as
 x1 y1 ... x5 y5 in the loose crop, detector faceness score), all space-separated.
 
-Protocol (as published for ArcFace): every face is aligned to the 112×112 ArcFace five-point template by
-a least-squares similarity transform; its feature is the sum of the features of the face and of its
-mirror image, scaled by the faceness score (not normalised); the features of one media (video or
-photo) are averaged, the media features of a template summed, and the template feature L2-normalised;
-a pair's score is the cosine of its two templates. Reported: TAR at FAR 1e-6 ... 1e-1 from the ROC.
-``python -m eval.ijb`` runs it from the command line.
+Protocol (as published for ArcFace): every face is aligned to the 112×112 ArcFace five-point template by a
+least-squares similarity transform (``alignment.align_face``, as the training data is aligned); its feature is
+the sum of the features of the face and of its mirror image, scaled by the faceness score (not normalised); the
+features of one media (video or photo) are averaged, the media features of a template summed, and the template
+feature L2-normalised; a pair's score is the cosine of its two templates. Reported: TAR at FAR 1e-6 ... 1e-1
+from the ROC. ``scripts/ijb.py`` runs it from the command line.
 """
 from __future__ import annotations
 
@@ -22,69 +22,16 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from sklearn.metrics import auc, roc_curve
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from dataset.images import decode, normalise
-from eval.model_source import device_of
+from alignment import align_face, read_photo
+from eval.verification import embed
 from utils.files import path_problem
 
-# Where the ArcFace alignment puts the eyes, nose tip and mouth corners in a 112×112 crop (x, y), as
-# published with insightface's aligned training sets.
-ARCFACE_TEMPLATE = np.array([[38.2946, 51.6963], [73.5318, 51.5014], [56.0252, 71.7366],
-                             [41.5493, 92.3655], [70.7299, 92.2041]], dtype=np.float64)
 FAR_LEVELS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
-
-
-def similarity_transform(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    """The (2, 3) matrix [sR | t] of the similarity (scale, rotation, translation; no reflection)
-    that maps the points ``src`` (N, 2) closest to ``dst`` (N, 2) in the least-squares sense.
-
-    Closed form of Umeyama (1991), "Least-squares estimation of transformation parameters between two
-    point patterns": the rotation comes from the SVD of the cross-covariance of the centred point sets.
-    """
-    src = np.asarray(src, dtype=np.float64)
-    dst = np.asarray(dst, dtype=np.float64)
-    if src.shape != dst.shape or src.ndim != 2 or src.shape[1] != 2 or src.shape[0] < 2:
-        raise ValueError(f"similarity_transform needs two (N>=2, 2) point sets of one shape, got "
-                         f"{src.shape} and {dst.shape}")
-    mu_src, mu_dst = src.mean(0), dst.mean(0)
-    src_c, dst_c = src - mu_src, dst - mu_dst
-    cov = dst_c.T @ src_c / len(src)  # (2, 2)
-    u, d, vt = np.linalg.svd(cov)
-    # Flip the weakest axis when the best orthogonal map would be a reflection.
-    s = np.array([1.0, 1.0 if np.linalg.det(u) * np.linalg.det(vt) >= 0 else -1.0])
-    rotation = u @ np.diag(s) @ vt
-    var_src = (src_c ** 2).sum() / len(src)
-    scale = (d * s).sum() / var_src if var_src > 0 else 1.0
-    translation = mu_dst - scale * rotation @ mu_src
-    return np.hstack([scale * rotation, translation[:, None]])
-
-
-def warp_affine(image: torch.Tensor, matrix: np.ndarray, size: tuple[int, int] = (112, 112)) -> torch.Tensor:
-    """uint8 (3, h, w) -> uint8 (3, H, W): output pixel (x, y) samples the input at ``matrix⁻¹ (x, y)``,
-    bilinearly, zero outside; pixel centres sit at integer coordinates (OpenCV's warpAffine convention)."""
-    h, w = image.shape[1:]
-    forward = np.vstack([matrix, [0.0, 0.0, 1.0]])
-    inverse = np.linalg.inv(forward)[:2]  # (2, 3) output -> input pixel coordinates
-    ys, xs = torch.meshgrid(torch.arange(size[0], dtype=torch.float64),
-                            torch.arange(size[1], dtype=torch.float64), indexing="ij")
-    out_xy1 = torch.stack([xs, ys, torch.ones_like(xs)], dim=-1)  # (H, W, 3)
-    in_xy = out_xy1 @ torch.from_numpy(inverse).T  # (H, W, 2) input pixel coordinates
-    # grid_sample (align_corners=False) puts -1 at the outer edge of pixel 0, i.e. at coordinate -0.5.
-    grid = torch.stack([(2 * in_xy[..., 0] + 1) / w - 1, (2 * in_xy[..., 1] + 1) / h - 1], dim=-1)
-    out = F.grid_sample(image[None].float(), grid[None].float(), mode="bilinear", padding_mode="zeros",
-                        align_corners=False)  # (1, 3, H, W)
-    return out[0].round_().clamp_(0, 255).to(torch.uint8)
-
-
-def align_face(image: torch.Tensor, landmarks: np.ndarray, size: int = 112) -> torch.Tensor:
-    """The 112×112 ArcFace crop (uint8 (3, 112, 112)) of the face with five ``landmarks`` (5, 2) in ``image``."""
-    template = ARCFACE_TEMPLATE * (size / 112.0)
-    return warp_affine(image, similarity_transform(landmarks, template), (size, size))
 
 
 @dataclass
@@ -160,29 +107,16 @@ class AlignedFaces(Dataset):
         return len(self.meta.names)
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        path = self.image_dir / self.meta.names[index]
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise ValueError(f"{path}: cannot read image {index} ({exc.strerror or exc})") from exc
-        return align_face(decode(data, str(path)), self.meta.landmarks[index])  # (3, h, w) -> (3, 112, 112)
+        image = read_photo(self.image_dir / self.meta.names[index])  # (3, h, w); PhotoError names the file
+        return align_face(image, self.meta.landmarks[index])  # (3, 112, 112)
 
 
 def image_features(dataset: Dataset, backbone: nn.Module, batch_size: int, num_workers: int = 0) -> np.ndarray:
-    """(N, D) float32: per image, the backbone's feature of the crop plus that of its mirror image."""
-    device = device_of(backbone)
+    """(N, D) float32: per image, the backbone's feature of the crop plus that of its mirror image
+    (``eval.verification.embed(flip=True)``)."""
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers)
-    chunks = []
-    was_training = backbone.training
-    backbone.eval()
-    try:
-        with torch.no_grad():
-            for batch in tqdm(loader, desc="features", unit="batch", file=sys.stderr, leave=False):
-                x = normalise(batch.to(device))  # (B, 3, 112, 112) float32
-                feats = backbone(x) + backbone(x.flip(3))  # (B, D)
-                chunks.append(feats.float().cpu().numpy())
-    finally:
-        backbone.train(was_training)
+    chunks = [embed(batch, backbone, batch_size, flip=True).astype(np.float32)  # (B, D)
+              for batch in tqdm(loader, desc="features", unit="batch", file=sys.stderr, leave=False)]
     return np.concatenate(chunks)
 
 

@@ -1,30 +1,15 @@
-"""Which model a tool runs: the model options, defined once, and how they become a backbone.
+"""Which model a tool runs, as a backbone: trained weights, an exported ONNX model, or a seeded untrained network.
 
-``python -m eval.verify``, ``python -m eval.ijb``, ``scripts/torch2onnx.py`` and ``scripts/inference.py``
-take the same options (``add_model_options``), each tool the sources it can run (``scripts/torch2onnx.py`` exports
-on the CPU and has no ``--device``):
-
-    --weights PATH          a backbone state_dict (``model.pt`` of a run, or an official ``backbone.pth``), or a
-                            run folder: its ``model.pt``
-    --onnx PATH             an exported model, run with onnxruntime, or a folder holding exactly one ``.onnx`` file
-    --random-init SEED      the network untrained, seeded SEED (a baseline)
-    --network NAME          backbone name (``backbones.list_models()``)
-    --network-kwargs JSON   extra keyword arguments of ``backbones.get_model``, e.g. '{"widths": [8, 16, 16, 32]}'
-    --embedding-size N      embedding size (default 512)
-    --device cpu|cuda       where the model runs
-    --precision fp32|bf16|fp16  autocast of the backbone's body (eval.verify, eval.ijb; torch models only)
-
-``scripts/torch2onnx.py`` also takes the weights as its first argument, as arcface_torch's does (``--weights``
-or the argument, not both). Without ``--network``, the architecture comes from ``model.json`` beside the
-weights file, which the trainer writes beside ``model.pt`` (network, network_kwargs, embedding_size, input
-size, normalisation); the weights file itself stays a plain state_dict in the official layout. Weights that
-do not fit the architecture are one ``ValueError`` line that says what to pass instead.
+``build_backbone`` takes plain arguments (``eval.model_options`` turns a tool's command line into them).
+``--weights`` may be a run folder (its ``model.pt``, ``weights_file``) and ``--onnx`` a folder holding one
+``.onnx`` file (``onnx_file``). Without a network name the architecture is the ``model.json`` beside the weights
+(``eval.model_card``); the weights file itself stays a plain state_dict in the official layout. Weights that do
+not fit the architecture are one ``ValueError`` line that says what to pass instead. An ONNX model runs with
+onnxruntime behind the ``nn.Module`` interface (``OnnxBackbone``). docs/evaluation.md describes the options.
 """
 from __future__ import annotations
 
-import argparse
 import difflib
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -39,7 +24,6 @@ from utils.precision import AUTOCAST_DTYPES, AutocastModule
 DEFAULT_EMBEDDING_SIZE = 512
 WEIGHTS_FILE = "model.pt"  # what --weights FOLDER means: the trainer's (and arcface_torch's) weights in that folder
 LISTED = 5  # how many of a folder's files an error message names
-WEIGHTS_HELP = f"backbone state_dict (official insightface layout), or a run folder: its {WEIGHTS_FILE}"
 # What the model options of a tool are called in messages about the architecture.
 ARCHITECTURE_FLAGS = "--network, --network-kwargs and --embedding-size"
 
@@ -101,97 +85,14 @@ def onnx_file(onnx: str | os.PathLike) -> Path:
     raise ValueError(f"{onnx}: a folder, and {holds}; --onnx takes an .onnx file or a folder holding exactly one")
 
 
-def json_object(text: str) -> dict[str, Any]:
-    """argparse type of ``--network-kwargs``: a JSON object."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"widths\": [8, 16, 16, 32]}}'; "
-                                         f"got {text!r} ({exc.msg})") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"widths\": [8, 16, 16, 32]}}'; "
-                                         f"got {text!r}")
-    return value
-
-
-def add_model_options(parser: argparse.ArgumentParser, *, onnx: bool = True, random_init: bool = True,
-                      device: bool = True, precision: bool = False, weights_argument: bool = False) -> None:
-    """Add the model options to ``parser``; ``onnx``/``random_init``: whether the tool accepts those
-    sources besides ``--weights``; ``device``: whether it takes ``--device``; ``precision``: whether it takes
-    ``--precision`` (the autocast dtype of a torch model's forward); ``weights_argument``: whether the weights
-    may also be given as an optional positional argument instead of ``--weights`` (torch2onnx, as
-    arcface_torch's takes them; only with ``--weights`` as the one source). Check them with
-    ``check_model_options`` after parsing, which also moves that argument into ``args.weights``."""
-    assert not (weights_argument and (onnx or random_init)), \
-        f"a positional weights argument is for tools without other sources (onnx={onnx}, random_init={random_init})"
-    g = parser.add_argument_group("model", "the backbone to run (without --network: read from model.json beside "
-                                           "the weights, which the trainer writes)")
-    if onnx or random_init:
-        source = g.add_mutually_exclusive_group(required=True)
-        source.add_argument("--weights", type=Path, help=WEIGHTS_HELP)
-        if onnx:
-            source.add_argument("--onnx", type=Path, help="exported ONNX model, run with onnxruntime (or a folder "
-                                                          "holding exactly one .onnx file)")
-        if random_init:
-            source.add_argument("--random-init", type=int, metavar="SEED",
-                                help="the network untrained, seeded SEED (needs --network)")
-    else:
-        g.add_argument("--weights", type=Path, required=not weights_argument, help=WEIGHTS_HELP)
-        if weights_argument:
-            g.add_argument("weights_argument", nargs="?", type=Path, metavar="WEIGHTS",
-                           help="the same as --weights, as arcface_torch's tools take it (give one of the two)")
-    g.add_argument("--network", help="backbone name (backbones.list_models()); default: model.json's")
-    g.add_argument("--network-kwargs", type=json_object, metavar="JSON",
-                   help="extra backbones.get_model arguments as a JSON object, e.g. '{\"widths\": [8, 16, 16, 32]}'")
-    g.add_argument("--embedding-size", type=int, metavar="N",
-                   help=f"embedding size (default {DEFAULT_EMBEDDING_SIZE} with --network; model.json's without)")
-    if device:
-        g.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
-    if precision:
-        g.add_argument("--precision", choices=tuple(AUTOCAST_DTYPES), default="fp32",
-                       help="run the backbone's body under bf16/fp16 autocast, as a config with bf16/fp16 = True "
-                            "trains it (the embedding layers stay fp32); default fp32")
-
-
-def check_model_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Refuse combinations of the model options that cannot work (exits through ``parser.error``); with
-    ``add_model_options(weights_argument=True)``, set ``args.weights`` from whichever of the argument and
-    ``--weights`` was given."""
-    if hasattr(args, "weights_argument"):
-        if args.weights_argument is not None and args.weights is not None:
-            parser.error(f"the weights are given twice, as {args.weights_argument} and as --weights {args.weights}; "
-                         f"give one")
-        if args.weights_argument is None and args.weights is None:
-            parser.error(f"the weights are required: a .pt/.pth file or a run folder holding {WEIGHTS_FILE}, as the "
-                         f"first argument or as --weights")
-        args.weights = args.weights if args.weights is not None else args.weights_argument
-    describes = args.network_kwargs is not None or args.embedding_size is not None
-    if getattr(args, "onnx", None) is None and args.weights is not None and is_onnx(args.weights):
-        if hasattr(args, "weights_argument"):  # torch2onnx: the one tool that needs torch weights
-            parser.error(f"{args.weights} is an exported ONNX model already; pass the torch weights (model.pt)")
-        args.onnx, args.weights = args.weights, None  # an exported model given as --weights: run it as --onnx
-    if getattr(args, "onnx", None) is not None and (args.network or describes):
-        parser.error(f"--onnx runs the exported model as it is; {ARCHITECTURE_FLAGS} do not apply")
-    if getattr(args, "onnx", None) is not None and getattr(args, "precision", "fp32") != "fp32":
-        parser.error(f"--onnx runs the exported model as it is; --precision {args.precision} applies to torch models")
-    if getattr(args, "random_init", None) is not None and not args.network:
-        parser.error("--random-init needs --network (there are no weights, so no model.json beside them)")
-    if describes and not args.network:
-        parser.error("--network-kwargs and --embedding-size describe the network --network names; pass --network "
-                     "too (without all three, model.json beside --weights describes the network)")
-    if args.embedding_size is not None and args.embedding_size < 1:
-        parser.error(f"--embedding-size must be >= 1, got {args.embedding_size}")
-    if getattr(args, "device", "cpu") == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: torch sees no CUDA device here; use --device cpu")
-
-
-def architecture(args: argparse.Namespace) -> Architecture:
-    """The architecture the options name: the flags with ``--network``, else ``model.json`` beside the
-    weights file (``weights_file``; ``ValueError`` saying what to pass when there is none)."""
-    if args.network:
-        return Architecture(args.network, dict(args.network_kwargs or {}),
-                            args.embedding_size or DEFAULT_EMBEDDING_SIZE)
-    card = card_beside(weights_file(args.weights))
+def architecture(weights: str | os.PathLike | None, network: str | None = None,
+                 network_kwargs: dict[str, Any] | None = None, embedding_size: int | None = None) -> Architecture:
+    """The architecture ``network`` names (with its kwargs and embedding size, default
+    ``DEFAULT_EMBEDDING_SIZE``), else the ``model.json`` beside the weights file (``weights_file``;
+    ``ValueError`` saying what to pass when there is none)."""
+    if network:
+        return Architecture(network, dict(network_kwargs or {}), embedding_size or DEFAULT_EMBEDDING_SIZE)
+    card = card_beside(weights_file(weights))
     if not card.is_file():
         raise ValueError(f"--network is required: {card} does not exist (the trainer writes it beside model.pt); "
                          f"pass {ARCHITECTURE_FLAGS} as in the training config, e.g. --network r50")
@@ -264,26 +165,33 @@ class OnnxBackbone(nn.Module):
         return torch.from_numpy(out)
 
 
-def build_backbone(args: argparse.Namespace) -> nn.Module:
-    """The model the options name, on ``--device``: an ONNX model, trained weights, or a seeded untrained
-    network, run under ``--precision``'s autocast when that is not fp32; a folder given as ``--weights`` or
-    ``--onnx`` means the model in it (``weights_file``, ``onnx_file``). ``FileNotFoundError``/``ValueError``
-    (one line) when it cannot be built."""
-    device = getattr(args, "device", "cpu")
-    onnx = getattr(args, "onnx", None)
+def model_file(weights: str | os.PathLike | None, onnx: str | os.PathLike | None) -> Path:
+    """The file of the model ``--weights`` or ``--onnx`` names (``weights_file``, ``onnx_file``): beside it is
+    its ``model.json``."""
+    return onnx_file(onnx) if onnx is not None else weights_file(weights)
+
+
+def build_backbone(*, weights: str | os.PathLike | None = None, onnx: str | os.PathLike | None = None,
+                   random_init: int | None = None, network: str | None = None,
+                   network_kwargs: dict[str, Any] | None = None, embedding_size: int | None = None,
+                   device: str = "cpu", precision: str = "fp32") -> nn.Module:
+    """The model on ``device``: an ONNX model (``onnx``), trained ``weights``, or ``network`` untrained, seeded
+    ``random_init``; a torch model runs under ``precision``'s autocast when that is not fp32. A folder as
+    ``weights`` or ``onnx`` means the model in it (``weights_file``, ``onnx_file``); without ``network`` the
+    architecture is the ``model.json`` beside the weights. ``FileNotFoundError``/``ValueError`` (one line) when
+    it cannot be built."""
     if onnx is not None:
         onnx = onnx_file(onnx)
         if not onnx.is_file():
             raise FileNotFoundError(f"ONNX model not found: {onnx}")
         return OnnxBackbone(onnx, device)
-    arch = architecture(args)
-    seed = getattr(args, "random_init", None)
-    if seed is not None:
-        torch.manual_seed(seed)  # the same SEED gives the same untrained network
+    arch = architecture(weights, network, network_kwargs, embedding_size)
+    if random_init is not None:
+        torch.manual_seed(random_init)  # the same SEED gives the same untrained network
         model = arch.build()
     else:
-        model = load_backbone(arch, weights_file(args.weights))
-    dtype = AUTOCAST_DTYPES[getattr(args, "precision", "fp32")]
+        model = load_backbone(arch, weights_file(weights))
+    dtype = AUTOCAST_DTYPES[precision]
     model = model.to(device)
     return model if dtype is None else AutocastModule(model, dtype)
 

@@ -1,16 +1,18 @@
-"""Face verification on pair sets (LFW, CFP-FP, AgeDB-30, ...): the published protocol and ``test()``.
+"""Face verification on pair sets (LFW, CFP-FP, AgeDB-30, ...): the published protocol, ``test()``, and ``embed``,
+the one way every tool (verify, IJB, inference, compare, overlap, an ONNX model as a torch one) embeds face crops.
 
 The protocol the published numbers use: squared L2 distance of L2-normalised embeddings, 10 unshuffled
 folds, the accuracy threshold picked on the training folds, and the validation rate at a false-accept
 rate of 1e-3; with the "flip" protocol an image's embedding is the sum of the embeddings of the image and
-of its mirror image.
+of its mirror image (``embed(flip=True)``).
 
 The `.bin` reader and writer live with the data (``dataset.verification_set``); ``load_bin``, ``save_bin``
 and their types are importable from here too, as they always were.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -19,9 +21,20 @@ from torch import nn
 from dataset.images import normalise
 from dataset.verification_set import BadBinError, BinData, RefusedGlobal, load_bin, save_bin, unpickle_bin
 from eval.model_source import device_of
+from utils.files import unopenable_files
 
 __all__ = ["BinData", "BadBinError", "RefusedGlobal", "load_bin", "save_bin", "unpickle_bin", "evaluate",
-           "calculate_roc", "calculate_val", "embed", "test", "format_table"]
+           "calculate_roc", "calculate_val", "check_bin_files", "embed", "test", "format_table"]
+
+
+def check_bin_files(paths: Iterable[Path]) -> None:
+    """``FileNotFoundError`` naming, in one line, every one of ``paths`` that is missing or cannot be opened as a
+    file (a folder): what a tool says before it loads anything."""
+    missing, unusable = unopenable_files(paths)
+    if missing or unusable:
+        raise FileNotFoundError("; ".join(
+            ([f"verification file(s) not found: {', '.join(map(str, missing))}"] if missing else [])
+            + [f"verification file {why}: {p}" for p, why in unusable]))
 
 
 def _l2_normalise(x: np.ndarray) -> np.ndarray:
@@ -162,60 +175,70 @@ def evaluate(embeddings: np.ndarray, actual_issame: Sequence[bool], nrof_folds: 
     return tpr, fpr, accuracy, val, val_std, far
 
 
-def embed(images: torch.Tensor, backbone: nn.Module, batch_size: int,
-          progress: Callable[[int], None] | None = None, flip: bool = False) -> np.ndarray:
-    """Embeddings (N, D) float64 of uint8 ``images`` (N, 3, H, W), batch by batch.
+def embed(images: torch.Tensor, backbone: nn.Module, batch_size: int, *, flip: bool,
+          progress: Callable[[int], None] | None = None) -> np.ndarray:
+    """The embeddings (N, D) float64 of uint8 face crops ``images`` (N, 3, H, W): the one way every tool embeds
+    a face. ``flip=True``: each crop's embedding plus that of its mirror image, as the verification protocol
+    computes it (``test``); ``flip=False``: the crop's alone.
 
-    Each batch is moved to the backbone's device, mirrored left-right there when ``flip`` is set, and
-    normalised (``dataset.images.normalise``), so neither a mirrored nor a float copy of the whole set is ever
-    made; the backbone sees the same values as from a stored mirrored copy. ``progress(n)`` is called after
-    each batch of n images. The caller sets eval mode and ``no_grad``.
+    Batch by batch on the backbone's device, in eval mode under ``no_grad`` (the backbone's mode is restored);
+    the mirror images are made per batch there. ``progress(n)`` is called after each batch of n images of each
+    copy (2N images in all with ``flip``).
     """
+    original, *mirrored = _embed_copies(images, backbone, batch_size, (False, True) if flip else (False,), progress)
+    return original + mirrored[0] if flip else original
+
+
+def _embed_copies(images: torch.Tensor, backbone: nn.Module, batch_size: int, mirrors: tuple[bool, ...],
+                  progress: Callable[[int], None] | None) -> list[np.ndarray]:
+    """One (N, D) float64 array per entry of ``mirrors``: the embeddings of ``images`` (False) or of their mirror
+    images (True), each batch normalised on the device (``dataset.images.normalise``), so neither a mirrored nor
+    a float copy of the whole set is made; the backbone sees the values of a stored mirrored copy."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    device = device_of(backbone)
-    out: np.ndarray | None = None
-    for start in range(0, images.shape[0], batch_size):
-        batch = images[start:start + batch_size].to(device, non_blocking=True)  # (B, 3, H, W) uint8
-        if flip:
-            batch = torch.flip(batch, dims=[3])  # (B, 3, H, W), contiguous like a slice of a flipped copy
-        x = normalise(batch)  # (B, 3, H, W) float32 in [-1, 1]
-        feats = backbone(x).float().cpu().numpy()  # (B, D)
-        if out is None:
-            # float64 like the reference, so that sums and norms round the same way.
-            out = np.zeros((images.shape[0], feats.shape[1]), dtype=np.float64)
-        out[start:start + feats.shape[0]] = feats
-        if progress is not None:
-            progress(feats.shape[0])
-    if out is None:
+    if images.shape[0] == 0:
         raise ValueError("no images to embed (0 rows)")
-    return out
+    device = device_of(backbone)
+    was_training = backbone.training
+    backbone.eval()
+    copies = []
+    try:
+        with torch.no_grad():
+            for mirror in mirrors:
+                out: np.ndarray | None = None
+                for start in range(0, images.shape[0], batch_size):
+                    batch = images[start:start + batch_size].to(device, non_blocking=True)  # (B, 3, H, W) uint8
+                    if mirror:
+                        batch = torch.flip(batch, dims=[3])  # (B, 3, H, W), like a slice of a flipped copy
+                    feats = backbone(normalise(batch)).float().cpu().numpy()  # (B, D)
+                    if out is None:
+                        # float64 like the reference, so that sums and norms round the same way.
+                        out = np.zeros((images.shape[0], feats.shape[1]), dtype=np.float64)
+                    out[start:start + feats.shape[0]] = feats
+                    if progress is not None:
+                        progress(feats.shape[0])
+                copies.append(out)
+    finally:
+        backbone.train(was_training)
+    return copies
 
 
 def test(data_set: BinData, backbone: nn.Module, batch_size: int, nfolds: int = 10,
          progress: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Verification scores of ``backbone`` on ``data_set = BinData(images, issame)`` from ``load_bin``.
 
-    The embedding of an image is the sum of the embeddings of the image and of its mirror image (the
-    published "flip" protocol; the mirror images are made batch by batch). Runs in eval mode under ``torch.no_grad()`` and restores the backbone's
-    previous training mode. Returns a dict with ``acc``, ``acc_std`` (mean/std over folds, flip),
-    ``acc_noflip``, ``val``, ``val_std``, ``far`` (at FAR=1e-3, flip), ``xnorm`` (mean L2 norm of the
-    un-normalised embeddings of both copies), ``threshold`` (best distance threshold, mean over folds),
-    ``pairs``, and the ROC arrays ``fpr``, ``tpr`` (flip, mean over folds, thresholds 0..4 step 0.01).
-    ``progress(n)`` is called after every batch of n images (2·2·P images in all).
+    The embedding of an image is ``embed(flip=True)``'s: the sum of the embeddings of the image and of its mirror
+    image (the published "flip" protocol); eval mode, ``no_grad``, the backbone's mode restored. Returns a dict
+    with ``acc``, ``acc_std`` (mean/std over folds, flip), ``acc_noflip``, ``val``, ``val_std``, ``far`` (at
+    FAR=1e-3, flip), ``xnorm`` (mean L2 norm of the un-normalised embeddings of both copies), ``threshold``
+    (best distance threshold, mean over folds), ``pairs``, and the ROC arrays ``fpr``, ``tpr`` (flip, mean over
+    folds, thresholds 0..4 step 0.01). ``progress(n)`` is called after every batch of n images (2·2·P in all).
     """
     images, issame = data_set
     if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8 or images.dim() != 4:
         raise ValueError(f"data_set must be BinData(images, issame) from load_bin with images a uint8 "
                          f"(2P, 3, H, W) tensor; got images of type {type(images).__name__}")
-    was_training = backbone.training
-    backbone.eval()
-    try:
-        with torch.no_grad():
-            original, flipped = (embed(images, backbone, batch_size, progress, flip=f)
-                                 for f in (False, True))  # (2P, D) each
-    finally:
-        backbone.train(was_training)
+    original, flipped = _embed_copies(images, backbone, batch_size, (False, True), progress)  # (2P, D) each
     xnorm = float(np.mean(np.linalg.norm(np.concatenate([original, flipped]), axis=1)))
     _, _, acc_noflip, _, _, _ = evaluate(original, issame, nrof_folds=nfolds)
     summed = original + flipped  # (2P, D)
@@ -238,7 +261,7 @@ def test(data_set: BinData, backbone: nn.Module, batch_size: int, nfolds: int = 
 
 def format_table(results: dict[str, dict[str, Any]], best: dict[str, float] | None = None) -> list[str]:
     """The verification table (header, then one row per target) of ``test()`` results, as both the
-    training log and ``python -m eval.verify`` print it: every rate a fraction, VAL followed by the FAR
+    training log and ``scripts/verify.py`` print it: every rate a fraction, VAL followed by the FAR
     it actually reached (a set with few different pairs cannot reach FAR = 1e-3; its VAL is then at the
     FAR shown). ``best`` adds the best flip accuracy so far per target (the training log's column)."""
     header = (f"{'target':<12} {'pairs':>6} {'acc (flip) ± std':>17} {'no-flip':>8} "

@@ -1,5 +1,5 @@
-"""Compute the embedding of one aligned face image (112x112; other sizes are resized), or of the face in a raw
-photo (``--align``).
+"""Compute the embedding of one aligned face image (112x112; other sizes are resized, with a warning), or of the face
+in a raw photo (``--align``).
 
     python scripts/inference.py --weights work_dirs/ms1mv3_r50/model.pt --image face.jpg [--output emb.npy]
     python scripts/inference.py --network r50 --weights backbone.pth --image face.jpg
@@ -7,21 +7,18 @@ photo (``--align``).
     python scripts/inference.py --weights work_dirs/ms1mv3_r50 --img raw.jpg --align  # a photo as it was taken
     python scripts/inference.py --onnx work_dirs/ms1mv3_r50/model.onnx --image face.jpg  # the exported model
 
-The model options are those of every evaluation tool (``eval.model_source``): without ``--network`` the
-network is read from ``model.json`` beside the weights (``--weights`` may be the run folder). arcface_torch's
-``--img`` is another name of ``--image``, and its ``--weight`` is argparse's abbreviation of ``--weights``. An
-``.onnx`` file runs with onnxruntime, given as ``--onnx`` or as ``--weights``.
-Prints the L2-normalised embedding's size and first values, and its norm before normalisation; --output saves
-the raw embedding as a .npy file.
+The model options are ``eval.model_options``' (``--img`` is arcface_torch's name of ``--image``, ``--weight`` an
+abbreviation of ``--weights``). The photo is read upright (EXIF orientation applied, ``alignment.read_photo``),
+as ``scripts/compare.py`` reads it; ``--align`` finds the face (MTCNN, the optional ``facenet-pytorch``) and aligns
+it as ``scripts/prepare_faces.py`` aligns the training data. The embedding is the one the thresholds in the
+``model.json`` beside the model were calibrated on (``scripts/verify.py --save-threshold``: the flip embedding, the
+crop's plus its mirror image's), and the flip embedding without one: the vector ``scripts/compare.py`` scores.
+Prints its size, first normalised values and its norm; ``--output`` saves it unnormalised as a (D,) float32 .npy.
+docs/evaluation.md#onnx-export-and-inference.
 
-``--align`` takes a photo of any size and format (``alignment.read_photo``), finds the faces with MTCNN (the
-optional ``facenet-pytorch`` package) and embeds the largest face nearest the centre, aligned onto the ArcFace
-112x112 template by ``alignment.align_photo``: the detection and alignment ``scripts/prepare_faces.py`` gives
-the training data. Without ``--align`` the image is taken as an aligned crop.
-
-Exit status: 0 done; 2 a usage or configuration error (a missing or undecodable image, no ``--network`` and
-no ``model.json``, weights that do not fit the network; with ``--align``: a photo that cannot be read, a photo
-in which no face is found, ``facenet-pytorch`` not installed, with the command that installs it), one line.
+Exit status: 0 done; 2 a usage or configuration error (a missing or undecodable image, no ``--network`` and no
+``model.json``, weights that do not fit the network; with ``--align``: a photo in which no face is found,
+``facenet-pytorch`` not installed, with the command that installs it), one line; 130 / 143 interrupted.
 """
 from __future__ import annotations
 
@@ -31,35 +28,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
 
-from alignment import DetectorUnavailable, FaceDetector, align_photo  # noqa: E402
-from dataset.images import decode, normalise, resize  # noqa: E402
-from eval.model_card import INPUT_SIZE  # noqa: E402
-from eval.model_source import add_model_options, build_backbone, check_model_options  # noqa: E402
-from utils.files import path_problem  # noqa: E402
-from utils.cli import print_error  # noqa: E402
+from eval.faces import face_crop, face_detector
+from eval.model_card import calibrated_threshold, card_beside
+from eval.model_options import add_model_options, backbone_from_options, check_model_options
+from eval.model_source import model_file
+from eval.verification import embed
+from utils.cli import run_tool, warn
+from utils.files import atomic_write
 
-
-def read_face(path: str | Path, image_size: tuple[int, int] = INPUT_SIZE) -> torch.Tensor:
-    """The image at ``path`` as a uint8 (1, 3, H, W) RGB tensor, resized to ``image_size`` when it differs."""
-    path = Path(path)
-    if (problem := path_problem(path)) is not None:
-        raise FileNotFoundError(f"image {problem}: {path}")
-    image = decode(path.read_bytes(), str(path))  # (3, h, w) uint8
-    if tuple(image.shape[1:]) != tuple(image_size):
-        image = resize(image, image_size)  # (3, H, W)
-    return image.unsqueeze(0)
+TOOL = "inference"
 
 
-@torch.no_grad()
-def embed(model: torch.nn.Module, image: torch.Tensor, device: str = "cpu") -> np.ndarray:
-    """The raw (unnormalised) embedding of a uint8 (1, 3, H, W) image as a (D,) array."""
-    return model.eval()(normalise(image.to(device)))[0].float().cpu().numpy()  # (D,)
-
-
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_options(parser, random_init=False)
     parser.add_argument("--image", "--img", required=True, type=Path,
@@ -67,28 +49,39 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--align", action="store_true",
                         help="detect the face in a raw photo and align it to the ArcFace template first (needs "
                              "facenet-pytorch)")
-    parser.add_argument("--output", type=Path, help="save the raw embedding here (.npy)")
+    parser.add_argument("--output", type=Path,
+                        help="save the raw embedding here (.npy, (D,) float32): model.json's calibrated embedding, "
+                             "else the flip embedding (the crop's plus its mirror image's)")
     args = parser.parse_args(argv)
     check_model_options(parser, args)
-    try:
-        model = build_backbone(args)
-        if args.align:  # the largest face nearest the centre, (1, 3, 112, 112) uint8
-            face = align_photo(args.image, FaceDetector(device=args.device)).unsqueeze(0)
-        else:
-            face = read_face(args.image)
-        embedding = embed(model, face, args.device)
-        norm = float(np.linalg.norm(embedding))
-        shown = ", ".join(f"{v:.4f}" for v in embedding[:8] / max(norm, 1e-12))
-        print(f"{args.image}: embedding of size {embedding.size}, norm {norm:.4f}; normalised: [{shown}, ...]")
-        if args.output:
-            np.save(args.output, embedding)
-            print(f"saved {args.output}")
-    except (ValueError, OSError, DetectorUnavailable) as exc:
-        # OSError: an --output that cannot be written; ValueError: alignment's PhotoError too (no face, a photo
-        # that cannot be read); DetectorUnavailable: its message is the command that installs facenet-pytorch.
-        print_error("inference", exc)
-        return 2
-    return 0
+    return args
+
+
+def calibrated_flip(args: argparse.Namespace) -> bool:
+    """Whether to embed with the flip: as the first threshold of the model.json beside the model was calibrated,
+    and the flip (the verification protocol's) when there is none."""
+    card = card_beside(model_file(args.weights, args.onnx))
+    calibration = calibrated_threshold(card) if card.is_file() else None
+    return calibration.flip if calibration is not None else True
+
+
+def run(args: argparse.Namespace) -> None:
+    model = backbone_from_options(args)
+    detector = face_detector(args.device) if args.align else None
+    face = face_crop(args.image, detector, lambda message: warn(TOOL, f"{message} (--align detects and aligns it)"))
+    embedding = embed(face[None], model, 1, flip=calibrated_flip(args))[0].astype(np.float32)  # (D,)
+    norm = float(np.linalg.norm(embedding))
+    shown = ", ".join(f"{v:.4f}" for v in embedding[:8] / max(norm, 1e-12))
+    print(f"{args.image}: embedding of size {embedding.size}, norm {norm:.4f}; normalised: [{shown}, ...]")
+    if args.output:
+        path = args.output if args.output.suffix == ".npy" else Path(f"{args.output}.npy")  # as np.save names it
+        atomic_write(path, lambda f: np.save(f, embedding))
+        print(f"saved {args.output}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    return run_tool(TOOL, lambda: run(args))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
     python scripts/torch2onnx.py --network r50 --weights backbone.pth --output r50.onnx
     python scripts/torch2onnx.py work_dirs/ms1mv3_r50 --simplify    # as arcface_torch's: writes .../model.onnx
 
-The model options are those of every evaluation tool (``eval.model_source``): without ``--network`` the
+The model options are those of every evaluation tool (``eval.model_options``): without ``--network`` the
 network is read from ``model.json`` beside the weights. As in arcface_torch's script, the weights may also be
 the first argument instead of ``--weights``, a folder means its ``model.pt``, and ``--output`` defaults to
 ``model.onnx`` beside the weights; ``--simplify`` runs onnxsim (``pip install onnxsim``) on the exported
@@ -27,7 +27,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backbones.onnx_export import export, max_difference
-from eval.model_source import add_model_options, build_backbone, check_model_options, weights_file
+from eval.model_options import add_model_options, backbone_from_options, check_model_options
+from eval.model_source import weights_file
 from utils.cli import UsageError, run_tool
 
 ONNX_FILE = "model.onnx"  # --output's default, beside the weights, as arcface_torch's torch2onnx.py writes it
@@ -38,7 +39,7 @@ def convert(args: argparse.Namespace) -> int:
     if args.simplify and importlib.util.find_spec("onnxsim") is None:
         raise UsageError("--simplify needs the onnxsim package, which this Python does not have: pip install onnxsim")
     output = args.output or weights_file(args.weights).parent / ONNX_FILE
-    model = build_backbone(args)
+    model = backbone_from_options(args)
     export(model, output, opset=args.opset, simplify=args.simplify)
     diff = max_difference(model, output, batch=args.batch)
     simplified_by = ", simplified by onnxsim" if args.simplify else ""

@@ -153,13 +153,13 @@ def test_demo_trains_and_verifies_bf16_only_where_the_cpu_computes_it(tmp_path, 
     import torch
 
     import trainer.build
-    from eval import verify
-    from eval.model_source import build_backbone
+    from eval.model_options import backbone_from_options
+    from scripts import verify
     from utils.config import load_config
 
     untrained = next(c for c in verify_cmds if "--random-init" in c)
     args = verify.parse_args(untrained[untrained.index("eval.verify") + 1:])
-    baseline = build_backbone(args)
+    baseline = backbone_from_options(args)
     cfg = load_config(str(config))
     torch.manual_seed(cfg.seed)  # as trainer.build.build, before it builds the backbone
     start = trainer.build.build_backbone(cfg, torch.device("cpu"))

@@ -1,4 +1,5 @@
-"""python -m eval.verify and scripts/make_bin.py on generated data and a briefly trained tiny network."""
+"""scripts/verify.py (also as ``python -m eval.verify``) and scripts/make_bin.py on generated data and a briefly
+trained tiny network; the model options every tool shares."""
 from __future__ import annotations
 
 import importlib.util
@@ -14,9 +15,8 @@ from torch import nn
 from torchvision.io import encode_jpeg, encode_png
 
 from tests.helpers import ROOT, UNWRITABLE
-from eval import verify
 from eval.verification import load_bin, save_bin, unpickle_bin
-from scripts import make_bin
+from scripts import make_bin, verify
 from scripts.torch2onnx import export
 
 pytest.importorskip("backbones")
@@ -120,7 +120,7 @@ def test_precision_bf16_runs_the_body_under_autocast(trained, capsys):
 @pytest.mark.timeout(60)
 def test_mismatched_weights_exit_with_one_line(trained):
     # A real process: the exit status and the whole of stderr are what a user sees.
-    cmd = [sys.executable, "-m", "eval.verify", "--network", "tiny", "--embedding-size", "16",
+    cmd = [sys.executable, "scripts/verify.py", "--network", "tiny", "--embedding-size", "16",
            "--network-kwargs", '{"widths": [4, 8, 8, 32]}', "--weights", str(trained / "model.pt"),
            "--data-dir", str(trained), "--targets", "synth"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=50)
@@ -133,7 +133,7 @@ def test_missing_files_and_exclusive_sources(trained, capsys):
     rc, _, err = _run(capsys, *MODEL_ARGS, "--weights", trained / "nope.pt", "--data-dir", trained,
                       "--targets", "synth")
     assert rc == 2 and err.strip().splitlines() == [
-        f"eval.verify: error: --weights {trained / 'nope.pt'}: no such file or folder; did you mean {trained / 'model.pt'}?"]
+        f"verify: error: --weights {trained / 'nope.pt'}: no such file or folder; did you mean {trained / 'model.pt'}?"]
     rc, _, err = _run(capsys, *MODEL_ARGS, "--random-init", "0", "--data-dir", trained, "--targets", "synth,lfw")
     assert rc == 2 and "lfw.bin" in err and len(err.strip().splitlines()) == 1
     with pytest.raises(SystemExit):
@@ -210,12 +210,12 @@ def test_bad_bin_exits_1_with_one_line_naming_the_file(tmp_path):
     (tmp_path / "lfw.bin").write_bytes(data[: len(data) // 2])
     (tmp_path / "cfp_fp.bin").write_bytes(b"<html>404 Not Found</html>")
     for target, message in (("lfw", "truncated pickle"), ("cfp_fp.bin", "not a verification file")):
-        proc = subprocess.run([sys.executable, "-m", "eval.verify", *MODEL_ARGS, "--random-init", "0", "--device",
+        proc = subprocess.run([sys.executable, "scripts/verify.py", *MODEL_ARGS, "--random-init", "0", "--device",
                                "cpu", "--data-dir", str(tmp_path), "--targets", target],
                               cwd=ROOT, capture_output=True, text=True, timeout=50)
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 1 and len(lines) == 1, proc.stderr
-        assert lines[0].startswith(f"eval.verify: error: {tmp_path / target.removesuffix('.bin')}.bin: {message}"), lines
+        assert lines[0].startswith(f"verify: error: {tmp_path / target.removesuffix('.bin')}.bin: {message}"), lines
 
 
 def _jpeg(seed: int) -> bytes:
@@ -256,7 +256,7 @@ def test_make_bin_file_mode_follows_the_umask(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------- model options
-# eval.verify, eval.ijb, scripts/torch2onnx.py and scripts/inference.py take the same model options and read
+# scripts/verify.py, ijb.py, torch2onnx.py and inference.py take the same model options and read
 # model.json beside --weights when --network is not given.
 
 @pytest.fixture(scope="module")
@@ -275,41 +275,42 @@ def carded(trained):
 def _tools(trained, tmp_path):
     """Each tool's ``main`` and the arguments it needs besides the model options (ijb and inference fail or
     finish after the model is built; the model errors tested here come first)."""
-    from eval import ijb
-    from scripts import inference, torch2onnx
+    from scripts import ijb, inference, torch2onnx
 
     image = tmp_path / "face.jpg"
     image.write_bytes(encode_jpeg(torch.full((3, 112, 112), 128, dtype=torch.uint8)).numpy().tobytes())
     return {
-        "eval.verify": (verify.main, ["--data-dir", str(trained), "--targets", "synth", "--device", "cpu"]),
-        "eval.ijb": (ijb.main, ["--data-dir", str(tmp_path / "ijb"), "--device", "cpu"]),
+        "verify": (verify.main, ["--data-dir", str(trained), "--targets", "synth", "--device", "cpu"]),
+        "ijb": (ijb.main, ["--data-dir", str(tmp_path / "ijb"), "--device", "cpu"]),
         "torch2onnx": (torch2onnx.main, ["--output", str(tmp_path / "x.onnx")]),
         "inference": (inference.main, ["--image", str(image), "--device", "cpu"]),
     }
 
 
-TOOLS = ["eval.verify", "eval.ijb", "torch2onnx", "inference"]
+TOOLS = ["verify", "ijb", "torch2onnx", "inference"]
 
 
 @pytest.mark.timeout(120)
 def test_verify_reads_model_json_when_network_is_not_given(trained, carded, tmp_path):
-    """As a user types it: the trained run's model.pt alone, and the same numbers as with every flag."""
+    """As a user types it: the trained run's model.pt alone, and the same numbers as with every flag; the first
+    through ``python -m eval.verify``, the name the tool had, which runs scripts/verify.py."""
     common = ["--data-dir", str(trained), "--targets", "synth", "--device", "cpu", "--batch-size", "40"]
-    for name, model in (("card", ["--weights", str(carded / "model.pt")]),
-                        ("flags", [*MODEL_ARGS, "--weights", str(trained / "model.pt")])):
-        proc = subprocess.run([sys.executable, "-m", "eval.verify", *model, *common, "--json", str(tmp_path / name)],
+    for name, command, model in (("card", ["-m", "eval.verify"], ["--weights", str(carded / "model.pt")]),
+                                 ("flags", ["scripts/verify.py"], [*MODEL_ARGS, "--weights", trained / "model.pt"])):
+        proc = subprocess.run([sys.executable, *command, *map(str, model), *common, "--json", str(tmp_path / name)],
                               cwd=ROOT, capture_output=True, text=True, timeout=100)
         assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.splitlines()[1].startswith("synth"), proc.stdout
     assert json.loads((tmp_path / "card").read_text()) == json.loads((tmp_path / "flags").read_text())
 
 
 @pytest.mark.timeout(60)
 def test_no_model_json_and_no_network_is_one_line_saying_what_to_pass(trained):
-    proc = subprocess.run([sys.executable, "-m", "eval.verify", "--weights", str(trained / "model.pt"),
+    proc = subprocess.run([sys.executable, "scripts/verify.py", "--weights", str(trained / "model.pt"),
                            "--data-dir", str(trained), "--targets", "synth", "--device", "cpu"],
                           cwd=ROOT, capture_output=True, text=True, timeout=50)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
-        f"eval.verify: error: --network is required: {trained / 'model.json'} does not exist (the trainer writes it "
+        f"verify: error: --network is required: {trained / 'model.json'} does not exist (the trainer writes it "
         f"beside model.pt); pass --network, --network-kwargs and --embedding-size as in the training config, "
         f"e.g. --network r50"], proc.stderr
 
@@ -391,14 +392,16 @@ def test_every_tool_reads_model_json_and_says_what_to_pass(tool, trained, carded
     # it): the model is built (ijb then stops at its missing data folder).
     for weights in (carded / "model.pt", carded):
         rc, err = run("--weights", str(weights))
-        if tool == "eval.ijb":
-            assert rc == 2 and err == [f"eval.ijb: error: IJB protocol file not found: "
+        if tool == "ijb":
+            assert rc == 2 and err == [f"ijb: error: IJB protocol file not found: "
                                        f"{tmp_path / 'ijb' / 'meta' / 'ijbc_face_tid_mid.txt'}"]
         else:
             assert rc == 0, (weights, err)
 
 
-def test_inference_with_model_json_gives_the_network_s_embedding(trained, carded, tmp_path, capsys):
+def test_inference_with_model_json_gives_the_network_s_flip_embedding(trained, carded, tmp_path, capsys):
+    """Without a calibrated threshold in model.json, --output is the flip embedding (the crop's plus its mirror
+    image's), a (D,) float32 array."""
     from scripts import inference
     from utils.files import load_weights
 
@@ -409,8 +412,10 @@ def test_inference_with_model_json_gives_the_network_s_embedding(trained, carded
                            "--device", "cpu", "--output", str(tmp_path / "emb.npy")]) == 0
     net = load_weights(get_model("tiny", num_features=16, **TINY), trained / "model.pt").eval()
     with torch.no_grad():
-        expected = net((face[None].float() - 127.5) * (1 / 127.5))[0].numpy()
-    np.testing.assert_array_equal(np.load(tmp_path / "emb.npy"), expected)
+        both = net((torch.stack([face, face.flip(2)]).float() - 127.5) * (1 / 127.5)).double()  # (2, 16)
+    written = np.load(tmp_path / "emb.npy")
+    assert written.shape == (16,) and written.dtype == np.float32
+    np.testing.assert_allclose(written, (both[0] + both[1]).numpy(), rtol=0, atol=1e-6)
     assert "embedding of size 16" in capsys.readouterr().out
 
 
@@ -432,7 +437,7 @@ def test_a_bad_model_json_is_one_line_naming_it(trained, tmp_path, capsys, conte
     rc, _, err = _run(capsys, "--weights", tmp_path / "model.pt", "--data-dir", trained, "--targets", "synth")
     lines = err.strip().splitlines()
     assert rc == 2 and len(lines) == 1, err
-    assert lines[0].startswith(f"eval.verify: error: {tmp_path / 'model.json'}: {message}"), err
+    assert lines[0].startswith(f"verify: error: {tmp_path / 'model.json'}: {message}"), err
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -463,7 +468,7 @@ def test_a_model_json_naming_an_unknown_network_names_the_file(trained, tmp_path
     (tmp_path / "model.json").write_text('{"format": 1, "network": "tinny", "network_kwargs": {}, "embedding_size": 16}')
     rc, _, err = _run(capsys, "--weights", tmp_path / "model.pt", "--data-dir", trained, "--targets", "synth")
     assert rc == 2 and err.strip().splitlines() == [
-        f"eval.verify: error: {tmp_path / 'model.json'}: unknown backbone 'tinny' (did you mean 'tiny'?); valid names: "
+        f"verify: error: {tmp_path / 'model.json'}: unknown backbone 'tinny' (did you mean 'tiny'?); valid names: "
         + ", ".join(list_models())], err
 
 
@@ -471,14 +476,14 @@ def test_an_input_size_other_than_the_faces_fed_is_one_line(trained, tmp_path, c
     rc, _, err = _run(capsys, *MODEL_ARGS[:4], "--network-kwargs", json.dumps({**TINY, "input_size": 128}),
                       "--random-init", "0", "--data-dir", trained, "--targets", "synth")
     assert rc == 2 and err.strip().splitlines() == [
-        "eval.verify: error: --network-kwargs: input_size 128; these tools feed 112x112 faces (leave input_size out "
+        "verify: error: --network-kwargs: input_size 128; these tools feed 112x112 faces (leave input_size out "
         "or set it to 112)"], err
     (tmp_path / "model.pt").write_bytes((trained / "model.pt").read_bytes())
     (tmp_path / "model.json").write_text(json.dumps({"format": 1, "network": "tiny", "embedding_size": 16,
                                                      "network_kwargs": {**TINY, "input_size": 96}}))
     rc, _, err = _run(capsys, "--weights", tmp_path / "model.pt", "--data-dir", trained, "--targets", "synth")
     assert rc == 2 and err.strip().splitlines() == [
-        f"eval.verify: error: {tmp_path / 'model.json'}: input_size 96; these tools feed 112x112 faces (leave "
+        f"verify: error: {tmp_path / 'model.json'}: input_size 96; these tools feed 112x112 faces (leave "
         f"input_size out or set it to 112)"], err
     rc, _, err = _run(capsys, *MODEL_ARGS[:4], "--network-kwargs", json.dumps({**TINY, "input_size": 112}),
                       "--random-init", "0", "--data-dir", trained, "--targets", "synth")
@@ -490,8 +495,8 @@ def test_a_set_too_small_to_score_is_named(tmp_path, capsys):
     images = _faces(torch.tensor([0, 0, 1, 0]), g)
     save_bin(tmp_path / "two.bin", [encode_jpeg(im, quality=95).numpy().tobytes() for im in images], [True, False])
     rc, _, err = _run(capsys, *MODEL_ARGS, "--random-init", "0", "--data-dir", tmp_path, "--targets", "two")
-    lines = [line for line in err.replace("\r", "\n").splitlines() if line.startswith("eval.verify")]
-    assert rc == 2 and lines == [f"eval.verify: error: {tmp_path / 'two.bin'}: nrof_folds=10 for 2 pairs; allowed: "
+    lines = [line for line in err.replace("\r", "\n").splitlines() if line.startswith("verify")]
+    assert rc == 2 and lines == [f"verify: error: {tmp_path / 'two.bin'}: nrof_folds=10 for 2 pairs; allowed: "
                                  f"2 <= nrof_folds <= pairs (--nfolds sets the folds)"], err
     rc, out, err = _run(capsys, *MODEL_ARGS, "--random-init", "0", "--data-dir", tmp_path, "--targets", "two",
                         "--nfolds", "2")
@@ -499,7 +504,7 @@ def test_a_set_too_small_to_score_is_named(tmp_path, capsys):
 
 
 def test_verify_help_shows_the_default_targets_and_the_folds():
-    proc = subprocess.run([sys.executable, "-m", "eval.verify", "--help"], cwd=ROOT, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "scripts/verify.py", "--help"], cwd=ROOT, capture_output=True, text=True,
                           timeout=60)
     text = " ".join(proc.stdout.split())
     assert proc.returncode == 0 and "(default: lfw,cfp_fp,agedb_30)" in text, proc.stdout
@@ -510,7 +515,7 @@ def test_verify_help_shows_the_default_targets_and_the_folds():
 def test_outputs_that_cannot_be_written_and_bad_network_arguments_are_one_line(trained, tmp_path, capsys):
     tools = _tools(trained, tmp_path)
     model = [*MODEL_ARGS, "--weights", str(trained / "model.pt")]
-    outputs = {"eval.verify": ["--json", str(tmp_path)],  # a folder where the JSON file goes
+    outputs = {"verify": ["--json", str(tmp_path)],  # a folder where the JSON file goes
                "torch2onnx": [],  # _tools' --output is replaced below
                "inference": ["--output", f"{UNWRITABLE}/embedding.npy"]}
     for name, extra in outputs.items():
@@ -521,11 +526,11 @@ def test_outputs_that_cannot_be_written_and_bad_network_arguments_are_one_line(t
         err = capsys.readouterr().err
         lines = [line for line in err.replace("\r", "\n").splitlines() if line.startswith(name)]  # no progress bar
         assert len(lines) == 1 and lines[0].startswith(f"{name}: error: ") and "Traceback" not in err, err
-        assert (str(tmp_path) if name == "eval.verify" else UNWRITABLE) in lines[0]
+        assert (str(tmp_path) if name == "verify" else UNWRITABLE) in lines[0]
     rc, _, err = _run(capsys, "--network", "tiny", "--embedding-size", "16", "--network-kwargs", '{"widths": 16}',
                       "--random-init", "0", "--data-dir", trained, "--targets", "synth")
     assert rc == 2 and len(err.strip().splitlines()) == 1
-    assert err.startswith("eval.verify: error: network 'tiny' with {'widths': 16}: "), err
+    assert err.startswith("verify: error: network 'tiny' with {'widths': 16}: "), err
     from scripts import torch2onnx
 
     with pytest.raises(SystemExit) as stop:
@@ -656,11 +661,11 @@ def test_a_folder_as_onnx_means_its_one_onnx_file(trained, carded, tmp_path, cap
     (exported / "other.onnx").write_bytes(b"")
     rc, _, err = _run(capsys, "--onnx", exported, *common)
     assert rc == 2 and err.splitlines() == [
-        f"eval.verify: error: {exported}: a folder, and it holds model.onnx, other.onnx; --onnx takes an .onnx file "
+        f"verify: error: {exported}: a folder, and it holds model.onnx, other.onnx; --onnx takes an .onnx file "
         f"or a folder holding exactly one"], err
     rc, _, err = _run(capsys, "--onnx", carded, *common)  # a run folder: the weights, not an export
     assert rc == 2 and err.splitlines() == [
-        f"eval.verify: error: {carded}: a folder, and it holds no .onnx file, only model.json, model.pt; "
+        f"verify: error: {carded}: a folder, and it holds no .onnx file, only model.json, model.pt; "
         f"--onnx takes an .onnx file or a folder holding exactly one"], err
 
 
@@ -671,9 +676,9 @@ def test_a_folder_without_model_pt_names_what_it_holds(trained, tmp_path, capsys
     (official / "training.log").write_text("")
     rc, _, err = _run(capsys, *MODEL_ARGS, "--weights", official, "--data-dir", trained, "--targets", "synth")
     assert rc == 2 and err.splitlines() == [
-        f"eval.verify: error: {official}: a folder without model.pt (what the trainer writes); it holds backbone.pth: "
+        f"verify: error: {official}: a folder without model.pt (what the trainer writes); it holds backbone.pth: "
         f"pass the weights file itself"], err
     rc, _, err = _run(capsys, "--weights", tmp_path, "--data-dir", trained, "--targets", "synth")  # no --network
     assert rc == 2 and err.splitlines() == [
-        f"eval.verify: error: {tmp_path}: a folder without model.pt (what the trainer writes); it holds no .pt or "
+        f"verify: error: {tmp_path}: a folder without model.pt (what the trainer writes); it holds no .pt or "
         f".pth file, only ms1mv3_arcface_r18/: pass the weights file itself"], err

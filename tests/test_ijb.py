@@ -1,10 +1,12 @@
-"""eval.ijb_protocol (five-point alignment, template aggregation, the 1:1 protocol) and the eval.ijb CLI on a
-generated mini IJB folder."""
+"""eval.ijb_protocol (the training data's five-point alignment, template aggregation, the 1:1 protocol) and
+scripts/ijb.py (also run as ``python -m eval.ijb``) on a generated mini IJB folder."""
 from __future__ import annotations
 
 import json
 import math
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -12,8 +14,10 @@ import torch
 from torch import nn
 from torchvision.io import encode_png
 
-from eval import ijb, ijb_protocol
-from tests.helpers import UNWRITABLE
+from alignment import ARCFACE_TEMPLATE, align_face, warp_to_template
+from eval import ijb_protocol
+from scripts import ijb
+from tests.helpers import ROOT, UNWRITABLE
 
 
 def _similarity(scale: float, angle: float, tx: float, ty: float) -> np.ndarray:
@@ -25,19 +29,6 @@ def _apply(matrix: np.ndarray, points: np.ndarray) -> np.ndarray:
     return points @ matrix[:, :2].T + matrix[:, 2]
 
 
-def test_similarity_transform_recovers_a_known_transform():
-    rng = np.random.default_rng(0)
-    src = rng.uniform(0, 100, size=(5, 2))
-    truth = _similarity(1.7, 0.4, 12.0, -5.0)
-    np.testing.assert_allclose(ijb_protocol.similarity_transform(src, _apply(truth, src)), truth, atol=1e-9)
-    # Mirrored points: the best similarity is still a rotation (det > 0), never a reflection.
-    mirrored = src * np.array([-1.0, 1.0])
-    m = ijb_protocol.similarity_transform(src, mirrored)
-    assert np.linalg.det(m[:, :2]) > 0
-    with pytest.raises(ValueError, match=r"\(5, 2\) and \(4, 2\)"):
-        ijb_protocol.similarity_transform(src, src[:4])
-
-
 def _face(identity: int, g: torch.Generator) -> torch.Tensor:
     """A 112×112 "face" of an identity: a smooth identity-specific colour pattern plus a little noise."""
     ys, xs = torch.meshgrid(torch.linspace(0, 1, 112), torch.linspace(0, 1, 112), indexing="ij")
@@ -45,15 +36,20 @@ def _face(identity: int, g: torch.Generator) -> torch.Tensor:
     return (base + 8 * torch.randn(3, 112, 112, generator=g)).clamp(0, 255).to(torch.uint8)
 
 
-def _loose_crop(face: torch.Tensor, matrix: np.ndarray, size: tuple[int, int]) -> tuple[torch.Tensor, np.ndarray]:
-    """``face`` placed into a larger image by the similarity ``matrix``; its landmarks there."""
-    return ijb_protocol.warp_affine(face, matrix, size), _apply(matrix, ijb_protocol.ARCFACE_TEMPLATE)
+def _loose_crop(face: torch.Tensor, matrix: np.ndarray, size: int) -> tuple[torch.Tensor, np.ndarray]:
+    """``face`` placed into a larger (size x size) image by the similarity ``matrix``; its landmarks there."""
+    return warp_to_template(face, matrix, size), _apply(matrix, ARCFACE_TEMPLATE)
 
 
-def test_alignment_undoes_the_placement_of_a_face():
+def test_the_protocol_aligns_with_the_training_data_s_alignment_and_undoes_the_placement_of_a_face(tmp_path):
     face = _face(0, torch.Generator().manual_seed(0))
-    image, landmarks = _loose_crop(face, _similarity(1.3, 0.25, 40.0, 20.0), (200, 180))
-    aligned = ijb_protocol.align_face(image, landmarks)
+    image, landmarks = _loose_crop(face, _similarity(1.3, 0.25, 40.0, 20.0), 200)
+    (tmp_path / "loose_crop").mkdir()
+    (tmp_path / "loose_crop" / "1.png").write_bytes(encode_png(image).numpy().tobytes())
+    meta = ijb_protocol.IJBMeta(["1.png"], np.array([1]), np.array([1]), landmarks[None].astype(np.float32),
+                                np.array([1.0], dtype=np.float32), np.array([[1, 1]]), np.array([1]))
+    aligned = ijb_protocol.AlignedFaces(tmp_path / "loose_crop", meta)[0]
+    assert torch.equal(aligned, align_face(image, landmarks.astype(np.float32)))
     assert aligned.shape == (3, 112, 112)
     inner = (slice(None), slice(10, 102), slice(10, 102))  # away from the border, which resampling blurs
     assert (aligned[inner].float() - face[inner].float()).abs().mean() < 6
@@ -99,7 +95,7 @@ def mini_ijb(tmp_path_factory):
             for _ in range(frames):
                 matrix = _similarity(rng.uniform(1.1, 1.6), rng.uniform(-0.3, 0.3), rng.uniform(10, 40),
                                      rng.uniform(10, 40))
-                image, points = _loose_crop(_face(identity, g), matrix, (230, 230))
+                image, points = _loose_crop(_face(identity, g), matrix, 230)
                 name = f"{image_id}.png"
                 (root / "loose_crop" / name).write_bytes(encode_png(image).numpy().tobytes())
                 faces.append(f"{name} {template} {media_id + media}")
@@ -172,8 +168,8 @@ def test_cli_names_an_output_it_cannot_write_after_the_table(mini_ijb, capsys):
                    "--batch-size", "6", "--json", f"{UNWRITABLE}/ijb.json"])
     captured = capsys.readouterr()
     assert rc == 2 and captured.out.splitlines()[1].startswith("IJBC")  # the results are printed first
-    err = [line for line in captured.err.replace("\r", "\n").splitlines() if line.startswith("eval.ijb")]
-    assert len(err) == 1 and err[0].startswith("eval.ijb: error: ") and UNWRITABLE in err[0], err
+    err = [line for line in captured.err.replace("\r", "\n").splitlines() if line.startswith("ijb")]
+    assert len(err) == 1 and err[0].startswith("ijb: error: ") and UNWRITABLE in err[0], err
     assert "Traceback" not in captured.err
 
 
@@ -185,7 +181,7 @@ def test_cli_names_an_image_that_fails_in_a_loader_worker(mini_ijb, tmp_path, ca
     rc = ijb.main(["--network", "tiny", "--embedding-size", "8", "--network-kwargs", '{"widths": [4, 4, 8, 8]}',
                    "--random-init", "0", "--data-dir", str(data), "--target", "IJBC", "--num-workers", "1",
                    "--batch-size", "6"])
-    err = [line for line in capsys.readouterr().err.replace("\r", "\n").splitlines() if line.startswith("eval.ijb")]
+    err = [line for line in capsys.readouterr().err.replace("\r", "\n").splitlines() if line.startswith("ijb")]
     assert rc == 2 and len(err) == 1 and "3.png" in err[0], err
     assert "Traceback" not in err[0] and "Caught" not in err[0] and len(err[0]) < 600, err
 
@@ -207,3 +203,18 @@ def test_cli_on_mini_ijb(mini_ijb, tmp_path, capsys, monkeypatch, precision):
     summary = json.loads((tmp_path / "ijb.json").read_text())["IJBC"]
     assert set(summary["tar"]) == {"1e-06", "1e-05", "0.0001", "0.001", "0.01", "0.1"} and summary["pairs"] == 6
     assert (tmp_path / "roc.png").stat().st_size > 0
+
+
+@pytest.mark.timeout(120)
+def test_python_m_eval_ijb_still_runs_the_tool(mini_ijb, tmp_path):
+    """The old command runs scripts/ijb.py with its arguments, exit status and messages."""
+    model = ["--network", "tiny", "--embedding-size", "8", "--network-kwargs", '{"widths": [4, 4, 8, 8]}',
+             "--random-init", "0", "--num-workers", "0", "--batch-size", "6"]
+    proc = subprocess.run([sys.executable, "-m", "eval.ijb", *model, "--data-dir", str(mini_ijb), "--json",
+                           str(tmp_path / "ijb.json")], cwd=ROOT, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0 and proc.stdout.splitlines()[1].startswith("IJBC"), proc.stderr
+    assert json.loads((tmp_path / "ijb.json").read_text())["IJBC"]["pairs"] == 6
+    proc = subprocess.run([sys.executable, "-m", "eval.ijb", *model, "--data-dir", str(tmp_path / "none")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"ijb: error: IJB protocol file not found: {tmp_path / 'none' / 'meta' / 'ijbc_face_tid_mid.txt'}"]

@@ -1,6 +1,6 @@
 """scripts/inference.py --align and scripts/compare.py as a user types them, on a real face photo (scikit-image's
 astronaut), transforms of it and other pictures, with a tiny untrained network and the model.json the trainer
-writes; and ``python -m eval.verify --save-threshold``, whose threshold compare.py reads. An untrained network is
+writes; and ``scripts/verify.py --save-threshold``, whose threshold compare.py reads. An untrained network is
 enough for the mechanics: it maps two crops of one face to nearly the same embedding (cosine 0.997) and the
 astronaut and the cameraman to different ones (0.77)."""
 from __future__ import annotations
@@ -172,7 +172,7 @@ def test_verify_saves_thresholds_that_compare_reads(photos, run, tmp_path, capsy
         images = torch.randint(0, 256, (2 * pairs, 3, 112, 112), dtype=torch.uint8, generator=g)
         save_bin(tmp_path / f"{name}.bin", [encode_png(im).numpy().tobytes() for im in images],
                  [i % 2 == 0 for i in range(pairs)])
-    verify = _cli("-m", "eval.verify", "--weights", folder, "--data-dir", tmp_path, "--targets", "synth,other",
+    verify = _cli("scripts/verify.py", "--weights", folder, "--data-dir", tmp_path, "--targets", "synth,other",
                   "--device", "cpu", "--save-threshold", "--json", tmp_path / "scores.json")
     assert verify.returncode == 0, verify.stderr
     assert verify.stdout.splitlines()[-1] == f"saved the thresholds of synth, other in {folder / 'model.json'}"
@@ -185,6 +185,7 @@ def test_verify_saves_thresholds_that_compare_reads(photos, run, tmp_path, capsy
         assert entry["distance"] == scores[name]["threshold"] and entry["acc"] == scores[name]["acc"]
         assert entry["cosine"] == 1 - entry["distance"] / 2 and entry["pairs"] == pairs
         assert entry["file"] == str(tmp_path / f"{name}.bin") and entry["precision"] == "fp32"
+        assert entry["embedding"] == "flip"  # what compare.py and inference.py embed with for it
 
     # compare.py without --threshold: the card's first target; --target another; by the exported model too.
     out = _cli("scripts/compare.py", photos / "astronaut.png", photos / "turned.jpg", "--weights", folder,
@@ -193,14 +194,15 @@ def test_verify_saves_thresholds_that_compare_reads(photos, run, tmp_path, capsy
     entry = card["thresholds"]["synth"]
     verdict = "same person: above" if _similarity(out.stdout) > entry["cosine"] else "different people: not above"
     assert out.stdout.splitlines()[1] == (f"{verdict} the threshold {entry['cosine']:.4f} (calibrated on synth by "
-                                          f"eval.verify: accuracy {entry['acc']:.5f} on 20 pairs)"), out.stdout
+                                          f"scripts/verify.py: accuracy {entry['acc']:.5f} on 20 pairs)"), out.stdout
     pair = [photos / "astronaut.png", photos / "turned.jpg"]
     for model in (["--weights", str(folder / "model.pt")], ["--onnx", str(folder / "model.onnx")]):
         assert compare.main([*map(str, pair), *model, "--target", "other", "--device", "cpu"]) == 0
         lines = capsys.readouterr().out.splitlines()
         assert _similarity(lines[0]) == pytest.approx(_similarity(out.stdout), abs=2e-4), (model, lines)
-        assert lines[1].endswith(f"the threshold {card['thresholds']['other']['cosine']:.4f} (calibrated on other "
-                                 f"by eval.verify: accuracy {card['thresholds']['other']['acc']:.5f} on 12 pairs)")
+        other = card["thresholds"]["other"]
+        assert lines[1].endswith(f"the threshold {other['cosine']:.4f} (calibrated on other by scripts/verify.py: "
+                                 f"accuracy {other['acc']:.5f} on 12 pairs)")
 
     # A target the card does not hold: one line, before any photo is read.
     assert compare.main([*map(str, pair), "--weights", str(folder), "--target", "lfw", "--device", "cpu"]) == 2
@@ -209,22 +211,22 @@ def test_verify_saves_thresholds_that_compare_reads(photos, run, tmp_path, capsy
 
 
 def test_verify_save_threshold_needs_a_model_json(run, tmp_path, capsys):
-    from eval import verify
+    from scripts import verify
 
     (tmp_path / "backbone.pth").write_bytes((run / "model.pt").read_bytes())
     (tmp_path / "lfw.bin").write_bytes(b"")
     flags = ["--network", "tiny", "--embedding-size", "16", "--network-kwargs", json.dumps(TINY)]
     assert verify.main([*flags, "--weights", str(tmp_path / "backbone.pth"), "--data-dir", str(tmp_path),
                         "--targets", "lfw", "--device", "cpu", "--save-threshold"]) == 2
-    assert _one_error_line(capsys, "eval.verify") == (
-        f"eval.verify: error: --save-threshold writes into the model.json beside the model, and "
+    assert _one_error_line(capsys, "verify") == (
+        f"verify: error: --save-threshold writes into the model.json beside the model, and "
         f"{tmp_path / 'model.json'} does not exist (the trainer writes it beside model.pt); leave out "
         f"--save-threshold and give scripts/compare.py --threshold instead")
     (tmp_path / "model.json").write_text("[1, 2]")
     assert verify.main([*flags, "--weights", str(tmp_path / "backbone.pth"), "--data-dir", str(tmp_path),
                         "--targets", "lfw", "--device", "cpu", "--save-threshold"]) == 2
-    assert _one_error_line(capsys, "eval.verify") == (
-        f"eval.verify: error: {tmp_path / 'model.json'}: expected a JSON object whose 'thresholds' is an object; "
+    assert _one_error_line(capsys, "verify") == (
+        f"verify: error: {tmp_path / 'model.json'}: expected a JSON object whose 'thresholds' is an object; "
         f"--save-threshold cannot write into it")
     with pytest.raises(SystemExit) as stop:
         verify.main([*flags, "--random-init", "0", "--data-dir", str(tmp_path), "--save-threshold"])
@@ -247,7 +249,7 @@ def test_compare_without_a_threshold_says_so(photos, run, crops, tmp_path, capsy
     assert compare.main([*pair, "--weights", str(run), "--no-align", "--device", "cpu"]) == 0
     assert capsys.readouterr().out.splitlines()[1] == (
         f"no threshold known: {run / 'model.json'} holds no calibrated one; pass --threshold, or calibrate one: "
-        f"python -m eval.verify --weights {run} --data-dir DIR --targets lfw --save-threshold")
+        f"python scripts/verify.py --weights {run} --data-dir DIR --targets lfw --save-threshold")
 
 
 @needs_detector

@@ -277,9 +277,7 @@ def test_test_restores_mode_and_feeds_normalised_batches(training):
     for key in ("acc", "acc_std", "acc_noflip", "val", "val_std", "far", "xnorm", "threshold"):
         assert isinstance(result[key], float), key
     # flip: the sum of both copies' embeddings; no-flip: the original only
-    with torch.no_grad():
-        net.eval()
-        orig = V.embed(data.images, net, 4)
+    orig = V.embed(data.images, net, 4, flip=False)
     _, _, acc_noflip, *_ = V.evaluate(orig, data[1], nrof_folds=2)
     assert result["acc_noflip"] == float(acc_noflip.mean())
 
@@ -315,11 +313,24 @@ def test_lazy_flip_gives_the_numbers_of_a_stored_mirrored_copy(batch_size):
     result = V.test(data, net, batch_size, nfolds=2)
     for key, value in expected.items():
         assert np.array_equal(result[key], value), key  # exactly: the same pixels reach the network
-    # The mirrored pixels really are mirrored: the network is not symmetric, so the copies differ.
-    with torch.no_grad():
-        assert not np.array_equal(V.embed(data.images, net, batch_size), V.embed(data.images, net, batch_size, flip=True))
-        assert np.array_equal(V.embed(data.images, net, batch_size, flip=True),
-                              V.embed(data.images.flip(3), net, batch_size))
+    # The mirrored pixels really are mirrored: the network is not symmetric, so the copies differ; embed's flip
+    # embedding is test()'s, the sum of the crop's and the mirror image's.
+    original = V.embed(data.images, net, batch_size, flip=False)
+    mirrored = V.embed(data.images.flip(3), net, batch_size, flip=False)
+    assert not np.array_equal(original, mirrored)
+    assert np.array_equal(V.embed(data.images, net, batch_size, flip=True), original + mirrored)
+
+
+def test_embed_restores_the_mode_runs_without_grad_and_counts_both_copies():
+    data = V.load_bin(TINY_BIN)
+    net = _Recorder().train(True)
+    counted = []
+    flip = V.embed(data.images, net, 6, flip=True, progress=counted.append)
+    assert net.training and not any(grad for *_, grad in net.inputs)
+    assert sum(counted) == 2 * len(data.images) and flip.shape == (len(data.images), 5) and flip.dtype == np.float64
+    assert V.embed(data.images, net, 6, flip=False).shape == flip.shape and net.training
+    with pytest.raises(ValueError, match="0 rows"):
+        V.embed(data.images[:0], net, 6, flip=True)
 
 
 def test_test_refuses_the_old_two_copy_layout():

@@ -62,7 +62,7 @@ def test_a_folder_where_a_file_goes_and_a_file_where_a_folder_goes_say_so(tmp_pa
     model = ["--network", "tiny", "--network-kwargs", '{"widths": [4, 8, 8, 16]}', "--embedding-size", "16"]
     torch.save(get_model("tiny", num_features=16, widths=[4, 8, 8, 16]).state_dict(), tmp_path / "model.pt")
     assert inference.main([*model, "--weights", str(tmp_path / "model.pt"), "--image", str(folder)]) == 2
-    assert _one_line(capsys, "inference") == f"inference: error: image is a folder, not a file: {folder}"
+    assert _one_line(capsys, "inference") == f"inference: error: {folder}: a folder, not a photo"  # read_photo's
     assert inference.main([*model, "--weights", str(folder), "--image", str(a_file)]) == 2
     assert _one_line(capsys, "inference") == (f"inference: error: {folder}: a folder without model.pt (what the "
                                               f"trainer writes); it is empty: pass the weights file itself")
@@ -116,15 +116,15 @@ def test_every_tool_reports_an_error_in_one_line(capsys):
 
 
 def test_verify_names_a_folder_given_as_a_target_and_a_missing_one(tmp_path, capsys):
-    from eval import verify
+    from scripts import verify
 
     (tmp_path / "lfw.bin").mkdir()
     argv = ["--network", "tiny", "--network-kwargs", '{"widths": [4, 8, 8, 16]}', "--embedding-size", "16",
             "--random-init", "0", "--data-dir", str(tmp_path), "--device", "cpu"]
     assert verify.main([*argv, "--targets", "lfw"]) == 2
-    assert _one_line(capsys, "eval.verify") == (f"eval.verify: error: verification file is a folder, not a file: "
-                                                f"{tmp_path / 'lfw.bin'}")
+    assert _one_line(capsys, "verify") == (f"verify: error: verification file is a folder, not a file: "
+                                           f"{tmp_path / 'lfw.bin'}")
     assert verify.main([*argv, "--targets", "cfp_fp,lfw"]) == 2
-    assert _one_line(capsys, "eval.verify") == (f"eval.verify: error: verification file(s) not found: "
-                                                f"{tmp_path / 'cfp_fp.bin'}; verification file is a folder, not a "
-                                                f"file: {tmp_path / 'lfw.bin'}")
+    assert _one_line(capsys, "verify") == (f"verify: error: verification file(s) not found: "
+                                           f"{tmp_path / 'cfp_fp.bin'}; verification file is a folder, not a "
+                                           f"file: {tmp_path / 'lfw.bin'}")
