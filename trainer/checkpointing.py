@@ -140,6 +140,15 @@ def save_run(job: Trainer, state: TrainState, logger: logging.Logger) -> Path | 
 
 # ------------------------------------------------------------------------------------------------ the folder
 
+def checkpoint_due(step: int, epoch_end: bool, steps_per_epoch: int, total_steps: int, save_every_steps: int) -> bool:
+    """Whether the run saves after optimizer step ``step``: at the last step, every ``save_every_steps`` steps, and
+    at each epoch's end, unless epochs are shorter than ``save_every_steps`` (a small dataset's epochs of a few
+    steps would write a checkpoint each)."""
+    if step == total_steps or (save_every_steps and step % save_every_steps == 0):
+        return True
+    return epoch_end and not (save_every_steps and steps_per_epoch < save_every_steps)
+
+
 def plan_start(output: str | os.PathLike, resume: bool | str, auto_resume: bool,
                same_run: Callable[[Path], bool]) -> tuple[Path | None, list[Path]]:
     """``(checkpoint to continue from or None, complete checkpoints this run must not leave in output)``.
