@@ -372,3 +372,42 @@ def test_a_small_dataset_s_short_epochs_write_a_checkpoint_every_save_every_step
              and "checkpoint " in line]
     assert [p.rsplit("step_", 1)[1] for p in saved] == ["000000010", "000000020"], log[-3000:]
     assert "training: 20 steps, set by max_steps = 20 (num_epoch = 20 would be 80); 4 steps per epoch" in log
+
+
+def test_a_checkpoint_of_the_previous_identity_rule_resumes(tmp_path):
+    """An image-folder run whose checkpoint recorded the data as releases before the one identity-folder rule
+    identified it (every file under rec, a Thumbs.db too) resumes by itself, keeping that identity."""
+    import json
+
+    from torchvision.io import encode_jpeg
+
+    from dataset import data_identity, legacy_data_identity
+    from utils.checkpoint import MANIFEST, find_latest
+    from utils.config import fingerprint, load_config
+
+    data = tmp_path / "faces"
+    g = torch.Generator().manual_seed(0)
+    for identity in range(8):
+        (data / f"id{identity}").mkdir(parents=True)
+        for i in range(4):
+            image = torch.randint(0, 256, (3, 112, 112), generator=g, dtype=torch.uint8)
+            (data / f"id{identity}" / f"{i}.jpg").write_bytes(encode_jpeg(image).numpy().tobytes())
+    (data / "id0" / "Thumbs.db").write_bytes(b"thumbnails")
+    output = tmp_path / "run"
+    sets = [f"rec={data}", "num_classes=8", "num_image=32", "batch_size=4", "frequent=1", "save_every_steps=2"]
+    train(CONFIG, output, *sets, "max_steps=4")
+    legacy = legacy_data_identity(str(data))
+    assert legacy is not None and legacy != data_identity(str(data))
+    # The checkpoint as the previous release wrote it: its data identity and the fingerprint over it.
+    latest = find_latest(output)
+    common = torch.load(latest / "common.pt", weights_only=True)
+    cfg = load_config(CONFIG, [*sets, "max_steps=4"])
+    common["data"], common["fingerprint"] = legacy, fingerprint(cfg, legacy)
+    torch.save(common, latest / "common.pt")
+    manifest = json.loads((latest / MANIFEST).read_text())
+    manifest["files"]["common.pt"] = (latest / "common.pt").stat().st_size
+    (latest / MANIFEST).write_text(json.dumps(manifest))
+    train(CONFIG, output, *sets, "max_steps=4", "num_epoch=20")  # the same config: auto-resume, nothing to train
+    log = (output / "training.log").read_text()
+    assert "identifies the data as releases before the identity-folder rule did" in log, log[-3000:]
+    assert f"resumed from {latest} at step 4" in log
