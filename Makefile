@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: test demo bench gpu-check
+.PHONY: setup lint test demo bench gpu-check
 
 # pip byte-compiles the ~11,000 installed modules on one core (~30 s here); compileall does it on every
 # core, and leaves out what nothing here imports: the installed packages' own tests (~2,000 modules) and
@@ -17,6 +17,13 @@ $(VENV)/.installed: requirements.txt requirements-faces.txt
 	$(PY) -m pip install -q --no-compile --no-deps -r requirements-faces.txt
 	$(PY) -m compileall -q -j 0 -x '/tests?/|/site-packages/(pip|setuptools)/' $(VENV)/lib >/dev/null 2>&1 || true
 	touch $@
+
+# Only the set-up: .venv with everything the tools, the trainer and the tests need.
+setup: $(VENV)/.installed
+
+# ruff over the whole tree (pyproject.toml: pycodestyle, pyflakes, import order, bugbear, pyupgrade; 120 columns).
+lint: $(VENV)/.installed
+	$(PY) -m ruff check .
 
 # Runs the whole suite on the CPU (gloo). pytest's exit code 5 (nothing collected) is a failure too:
 # a suite that runs no test proves nothing.

@@ -169,8 +169,11 @@ def train(job: Job, state: TrainState) -> None:
 
         progress = tqdm(total=d.total_steps, initial=state.step, unit="step", dynamic_ncols=True)
     progress_log = ProgressLog(logger, job.writer, d.total_steps, d.images_per_step, state.step)
-    logger.info("training: %d steps (%d per epoch), global batch %d x %d accumulation, from step %d",
-                d.total_steps, d.steps_per_epoch, d.global_batch_size, cfg.gradient_acc, state.step)
+    by_epochs = cfg.num_epoch * d.steps_per_epoch
+    length = (f"max_steps = {cfg.max_steps} (num_epoch = {cfg.num_epoch} would be {by_epochs})" if cfg.max_steps > 0
+              else f"num_epoch = {cfg.num_epoch}")
+    logger.info("training: %d steps, set by %s; %d steps per epoch, global batch %d x %d accumulation, from step %d",
+                d.total_steps, length, d.steps_per_epoch, d.global_batch_size, cfg.gradient_acc, state.step)
     while state.step < d.total_steps:
         job.loader.set_epoch(state.epoch, start_step=state.step_in_epoch * cfg.gradient_acc)
         batches = iter(job.loader)
@@ -192,10 +195,10 @@ def train(job: Job, state: TrainState) -> None:
                     progress.set_postfix(loss=f"{mean:.3f}", epoch=state.epoch)
             if job.callback is not None and state.step % cfg.verbose == 0:
                 job.callback(state.step, job.backbone)
-            last = epoch_end or state.step == d.total_steps
-            if last or (cfg.save_every_steps and state.step % cfg.save_every_steps == 0):
+            if checkpointing.checkpoint_due(state.step, epoch_end, d.steps_per_epoch, d.total_steps,
+                                            cfg.save_every_steps):
                 checkpointing.save_run(job, state, logger)
-                if last and job.wandb is not None and cfg.save_artifacts:
+                if (epoch_end or state.step == d.total_steps) and job.wandb is not None and cfg.save_artifacts:
                     job.wandb.log_model(job.output / "model.pt", state.step, state.epoch if epoch_end else None)
             if epoch_end:
                 break

@@ -219,7 +219,8 @@ config.auto_resume = True
 # that is set; False = write only the backbone weights (output/model.pt, with its model.json), as
 # arcface_torch does by default.
 config.save_all_states = True
-# Also checkpoint every this many optimizer steps; 0 = only at epoch end; >= 0.
+# Also checkpoint every this many optimizer steps; 0 = only at epoch end; >= 0. Epochs shorter than this write
+# no checkpoint at their end (a small dataset's epochs of a few steps would write one each).
 config.save_every_steps = 0
 # A folder belongs to one run. True: a run that will not continue the checkpoints already in `output` (another
 # config's, auto_resume = False, or ones newer than resume = PATH) moves them, with model.pt and model.json,

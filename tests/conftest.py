@@ -1,4 +1,4 @@
-"""Test-suite set-up: torch uses one thread per process (pytest.ini puts the repository root on sys.path).
+"""Test-suite set-up: torch uses one thread per process (pyproject.toml puts the repository root on sys.path).
 
 Multi-process tests start 2-3 ranks on a 2-core machine; one intra-op thread each keeps them from
 oversubscribing the cores.

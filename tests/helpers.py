@@ -1,6 +1,6 @@
 """Everything the tests share: paths, ranks in processes, trainer runs, a tiny in-process Job, references.
 
-Imported as ``from tests.helpers import ...`` (pytest.ini puts the repository root on ``sys.path``).
+Imported as ``from tests.helpers import ...`` (pyproject.toml puts the repository root on ``sys.path`` for pytest).
 Every launch gets a free port (picked by the OS) and a timeout, so a hung rendezvous or collective fails the
 test instead of hanging the suite.
 """

@@ -425,7 +425,7 @@ def test_num_classes_and_num_image_may_be_left_to_the_dataset():
 
 
 def test_a_moved_dataset_keeps_its_fingerprint(tmp_path):
-    from utils.config import data_identity
+    from dataset import data_identity
 
     for where in ("a", "b"):
         (tmp_path / where / "id0").mkdir(parents=True)

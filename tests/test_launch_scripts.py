@@ -123,3 +123,12 @@ def test_run_starts_one_rank_per_visible_gpu(tmp_path, visible, nproc):
                           capture_output=True, text=True, timeout=20)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"-m torch.distributed.run --standalone --nproc_per_node={nproc} train.py configs/x"
+
+
+def test_make_setup_installs_and_runs_nothing_else(tmp_path):
+    """README: `make setup` creates the environment only (no demo, no suite)."""
+    plan = subprocess.run(["make", "-n", "setup", f"VENV={tmp_path / 'venv'}"], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout
+    assert "pip install -q --no-compile -r requirements.txt" in plan and "requirements-faces.txt" in plan
+    assert "-m pytest" not in plan and "demo.py" not in plan
+    assert "-m pytest" in subprocess.run(["make", "-n", "test"], cwd=ROOT, capture_output=True, text=True).stdout

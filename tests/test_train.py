@@ -346,3 +346,68 @@ def test_a_path_that_cannot_be_checked_is_a_config_mistake_on_that_rank(monkeypa
     monkeypatch.setattr(preflight, "check_paths", unreadable)
     with pytest.raises(ValueError, match=r"cannot check the config's paths .*Permission denied: '/data/private/faces'"):
         preflight.check_on_every_rank(load_config(CONFIG), 0)
+
+
+def test_when_a_run_saves_with_short_epochs():
+    """Epoch ends save unless epochs are shorter than save_every_steps; the last step always saves."""
+    from trainer.checkpointing import checkpoint_due
+
+    def saves(epoch: int, total: int, every: int) -> list[int]:
+        return [s for s in range(1, total + 1) if checkpoint_due(s, s % epoch == 0, epoch, total, every)]
+
+    assert saves(4, 40, 10) == [10, 20, 30, 40]  # 4-step epochs: every 10 steps, not every 4
+    assert saves(16, 41, 10) == [10, 16, 20, 30, 32, 40, 41]  # epochs of 16: their ends and every 10 steps
+    assert saves(4, 13, 0) == [4, 8, 12, 13]  # save_every_steps = 0: epoch ends and the last step
+
+
+def test_a_small_dataset_s_short_epochs_write_a_checkpoint_every_save_every_steps(tmp_path):
+    """A step-based run over 4-step epochs (32 images, batch 8) writes a checkpoint every save_every_steps steps,
+    not one per epoch, and its log says which key set its length."""
+    output = tmp_path / "run"
+    saved = []
+    train(CONFIG, output, "num_image=32", "max_steps=20", "save_every_steps=10", "keep_checkpoints=5",
+          "frequent=10")
+    log = (output / "training.log").read_text()
+    saved = [line.split("checkpoint ")[1].split(" ")[0] for line in log.splitlines() if "(step " in line
+             and "checkpoint " in line]
+    assert [p.rsplit("step_", 1)[1] for p in saved] == ["000000010", "000000020"], log[-3000:]
+    assert "training: 20 steps, set by max_steps = 20 (num_epoch = 20 would be 80); 4 steps per epoch" in log
+
+
+def test_a_checkpoint_of_the_previous_identity_rule_resumes(tmp_path):
+    """An image-folder run whose checkpoint recorded the data as releases before the one identity-folder rule
+    identified it (every file under rec, a Thumbs.db too) resumes by itself, keeping that identity."""
+    import json
+
+    from torchvision.io import encode_jpeg
+
+    from dataset import data_identity, legacy_data_identity
+    from utils.checkpoint import MANIFEST, find_latest
+    from utils.config import fingerprint, load_config
+
+    data = tmp_path / "faces"
+    g = torch.Generator().manual_seed(0)
+    for identity in range(8):
+        (data / f"id{identity}").mkdir(parents=True)
+        for i in range(4):
+            image = torch.randint(0, 256, (3, 112, 112), generator=g, dtype=torch.uint8)
+            (data / f"id{identity}" / f"{i}.jpg").write_bytes(encode_jpeg(image).numpy().tobytes())
+    (data / "id0" / "Thumbs.db").write_bytes(b"thumbnails")
+    output = tmp_path / "run"
+    sets = [f"rec={data}", "num_classes=8", "num_image=32", "batch_size=4", "frequent=1", "save_every_steps=2"]
+    train(CONFIG, output, *sets, "max_steps=4")
+    legacy = legacy_data_identity(str(data))
+    assert legacy is not None and legacy != data_identity(str(data))
+    # The checkpoint as the previous release wrote it: its data identity and the fingerprint over it.
+    latest = find_latest(output)
+    common = torch.load(latest / "common.pt", weights_only=True)
+    cfg = load_config(CONFIG, [*sets, "max_steps=4"])
+    common["data"], common["fingerprint"] = legacy, fingerprint(cfg, legacy)
+    torch.save(common, latest / "common.pt")
+    manifest = json.loads((latest / MANIFEST).read_text())
+    manifest["files"]["common.pt"] = (latest / "common.pt").stat().st_size
+    (latest / MANIFEST).write_text(json.dumps(manifest))
+    train(CONFIG, output, *sets, "max_steps=4", "num_epoch=20")  # the same config: auto-resume, nothing to train
+    log = (output / "training.log").read_text()
+    assert "identifies the data as releases before the identity-folder rule did" in log, log[-3000:]
+    assert f"resumed from {latest} at step 4" in log

@@ -11,13 +11,13 @@ from torch import nn
 
 from backbones import get_model
 from backbones.memory_format import check_channels_last
-from dataset import DaliLoader, FaceDataLoader, build_data
+from dataset import DaliLoader, FaceDataLoader, build_data, data_identity
 from eval.callback import CallbackVerification
 from losses import build_margin
 from partial_fc import PartialFC, build_optimizers
 from trainer.finetune import FineTuning, folded_batch_norms_warning, prepare
 from trainer.parallelize import parallelize
-from utils.config import Config, Derived, check_world, data_identity, derive, fingerprint
+from utils.config import Config, Derived, check_world, derive, fingerprint
 from utils.files import load_weights
 from utils.precision import LossScaler, configure_cuda
 from utils.wandb_run import ScalarWriters, WandbWriter

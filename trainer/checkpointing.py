@@ -21,13 +21,14 @@ from typing import Any, Protocol
 import torch
 
 from eval.model_card import MODEL_CARD, model_card, write_model_card
+from dataset import legacy_data_identity
 from partial_fc import head_shard, load_head_rows, restore_head
 from trainer.run_state import (Schedule, TrainState, check_continuation, continue_schedule, resume_position,
                                rng_seed, schedule_of, step_lr, train_state_of)
-from utils.checkpoint import (FORMAT_VERSION, checkpoint_root, clean_partial, list_checkpoints, load_common,
-                              load_optimizer_state, load_rng, recover_replaced, save_checkpoint, set_rng_state,
-                              step_of)
-from utils.config import redacted
+from utils.checkpoint import (FORMAT_VERSION, checkpoint_root, clean_partial, find_latest, list_checkpoints,
+                              load_common, load_optimizer_state, load_rng, recover_replaced, save_checkpoint,
+                              set_rng_state, step_of)
+from utils.config import fingerprint, redacted
 from utils.distributed import barrier
 from utils.files import fsync_dir, save_atomic
 
@@ -80,8 +81,9 @@ def write_run(output: Path, state: TrainState, *, rank: int, world_size: int, sc
     ``state_dict()``) and ``head_buffers``: rank 0's, None elsewhere. ``rng``: this rank's random streams
     (default: this process's; ``seeded_rng`` for a run converted elsewhere). ``barrier``: where the ranks meet
     (``utils.checkpoint.save_checkpoint``). ``config`` (saved with the run) gives ``num_classes`` and the
-    network that ``model.json`` describes; ``keep``: the complete step folders kept. ``model.pt`` is the backbone's state_dict in the official layout
-    (loadable by arcface_torch), as CPU tensors; every file is written atomically.
+    network that ``model.json`` describes; ``keep``: the complete step folders kept. ``model.pt`` is the
+    backbone's state_dict in the official layout (loadable by arcface_torch), as CPU tensors; every file is
+    written atomically.
     """
     path = None
     if head is not None:
@@ -140,6 +142,15 @@ def save_run(job: Trainer, state: TrainState, logger: logging.Logger) -> Path | 
 
 # ------------------------------------------------------------------------------------------------ the folder
 
+def checkpoint_due(step: int, epoch_end: bool, steps_per_epoch: int, total_steps: int, save_every_steps: int) -> bool:
+    """Whether the run saves after optimizer step ``step``: at the last step, every ``save_every_steps`` steps, and
+    at each epoch's end, unless epochs are shorter than ``save_every_steps`` (a small dataset's epochs of a few
+    steps would write a checkpoint each)."""
+    if step == total_steps or (save_every_steps and step % save_every_steps == 0):
+        return True
+    return epoch_end and not (save_every_steps and steps_per_epoch < save_every_steps)
+
+
 def plan_start(output: str | os.PathLike, resume: bool | str, auto_resume: bool,
                same_run: Callable[[Path], bool]) -> tuple[Path | None, list[Path]]:
     """``(checkpoint to continue from or None, complete checkpoints this run must not leave in output)``.
@@ -191,6 +202,12 @@ def resume(job: Trainer, steps_per_epoch: int, logger: logging.Logger) -> TrainS
     if job.rank == 0:
         recover_replaced(job.output)
     barrier()  # a checkpoint a stopped save moved aside is back under its name before anyone looks
+    latest, legacy = find_latest(job.output), legacy_data_identity(cfg.rec)
+    if legacy is not None and latest is not None and load_common(latest, mmap=True).get("data") == legacy:
+        # Written before the one identity-folder rule: the folder's data as that release identified it.
+        job.data_identity, job.fingerprint = legacy, fingerprint(cfg, legacy)
+        logger.info("%s identifies the data as releases before the identity-folder rule did (every file under "
+                    "rec); this run keeps that identity", latest)
     start, foreign = plan_start(job.output, cfg.resume, cfg.auto_resume,
                                 lambda path: load_common(path, mmap=True)["fingerprint"] == job.fingerprint)
     if foreign and not cfg.archive_checkpoints:

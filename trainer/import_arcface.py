@@ -23,14 +23,14 @@ import torch
 from torch import nn
 
 from backbones import get_model
-from dataset import build_dataset
+from dataset import build_dataset, data_identity
 from partial_fc import PartialFC, build_optimizers, class_partition, head_shard
 from trainer.build import build_margin_of
 from trainer.checkpointing import archive, seeded_rng, write_run
 from trainer.run_state import TrainState, schedule_of, step_lr
 from utils.checkpoint import list_checkpoints, step_dir
 from utils.cli import BadData
-from utils.config import Config, Derived, check_paths, data_identity, derive, fingerprint, load_config
+from utils.config import Config, Derived, check_paths, derive, fingerprint, load_config
 from utils.files import load_state_dict, load_tensors, load_weights
 from utils.precision import LossScaler
 
@@ -413,8 +413,8 @@ def import_run(source: Path, config: str, overrides: list[str], archive_old: boo
     if to_archive:
         warn(f"moved {', '.join(p.name for p in existing) or 'model.pt'} to {archive(output, existing)}")
     output.mkdir(parents=True, exist_ok=True)
-    facts = dict(schedule=ours, config=cfg.to_dict(), keep=cfg.keep_checkpoints, fingerprint=fingerprint(cfg, data), data=data,
-                 backbone=model.state_dict(), backbone_optimizer=backbone_state,
+    facts = dict(schedule=ours, config=cfg.to_dict(), keep=cfg.keep_checkpoints, fingerprint=fingerprint(cfg, data),
+                 data=data, backbone=model.state_dict(), backbone_optimizer=backbone_state,
                  scaler=LossScaler(enabled=cfg.fp16).state_dict(), head_buffers=dict(head.named_buffers()))
     write_all_ranks(world, lambda r, barrier: write_run(output, state, rank=r, world_size=world, head=heads[r],
                                                         rng=seeded_rng(cfg.seed, state.step, r), barrier=barrier,

@@ -34,7 +34,7 @@ from utils.config_keys import (COMMON_NAMES, FINGERPRINT_EXCLUDED, FINGERPRINT_L
 
 __all__ = ["BASE_CONFIG", "COMMON_NAMES", "CONFIG_DIR", "FINGERPRINT_EXCLUDED", "FINGERPRINT_LEGACY", "FIXED_KEYS",
            "FORMER_KEYS", "RENAMED_CONFIGS", "SCHEDULE_KEYS", "SECRET_KEYS", "Config", "Derived", "base_file",
-           "check_paths", "check_world", "data_identity", "derive", "fingerprint", "keys_table",
+           "check_paths", "check_world", "derive", "fingerprint", "keys_table",
            "load_config", "origins", "redacted", "resolve_config_path"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -504,27 +504,9 @@ def check_paths(cfg: Mapping[str, Any]) -> None:
                          f"<output>/checkpoints/step_<step>, or True for the newest one under output")
 
 
-def data_identity(rec: str) -> str:
-    """What the training data holds, not where it lies: a hash of ``train.idx`` and the size of ``train.rec``
-    (RecordIO), of the sorted relative paths and sizes of the images (an image folder), or ``"synthetic"``.
-    A dataset copied or moved to another disk keeps its identity; one with records or images added, removed or
-    resized does not. Contents are not read (a dataset may be terabytes): a record rewritten in place at the
-    same offset and size (a relabelled header, say) keeps the identity."""
-    if rec == "synthetic":
-        return "synthetic"
-    root, digest = Path(rec), hashlib.sha256()
-    if (root / "train.idx").is_file():
-        digest.update((root / "train.idx").read_bytes())
-        digest.update(str((root / "train.rec").stat().st_size if (root / "train.rec").is_file() else -1).encode())
-    elif root.is_dir():
-        for path in sorted(p for p in root.rglob("*") if p.is_file()):
-            digest.update(f"{path.relative_to(root).as_posix()}\t{path.stat().st_size}\n".encode())
-    return digest.hexdigest()[:16]
-
-
 def fingerprint(cfg: Mapping[str, Any], data: str | None = None) -> str:
     """A 16-hex-digit hash of the keys that change training results (all but ``FINGERPRINT_EXCLUDED``); with
-    ``data`` (``data_identity(rec)``), the data's identity stands in for the ``rec`` path, so a moved dataset
+    ``data`` (``dataset.data_identity(rec)``), the data's identity stands in for the ``rec`` path, so a moved dataset
     keeps the fingerprint.
 
     Two configurations with the same fingerprint train the same model step for step (with the same loader:

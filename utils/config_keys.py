@@ -397,7 +397,8 @@ SECTIONS: tuple[Section, ...] = (
             "as arcface_torch does by default.",
             fingerprint=False),
         Key("save_every_steps", 0, int,
-            "Also checkpoint every this many optimizer steps; 0 = only at epoch end; >= 0.",
+            "Also checkpoint every this many optimizer steps; 0 = only at epoch end; >= 0. Epochs shorter than this "
+            "write no checkpoint at their end (a small dataset's epochs of a few steps would write one each).",
             rule=(lambda v: v >= 0, ">= 0 (0 = only at epoch end)"), fingerprint=False),
         Key("archive_checkpoints", False, bool,
             "A folder belongs to one run. True: a run that will not continue the checkpoints already in `output` "
