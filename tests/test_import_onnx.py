@@ -454,8 +454,8 @@ def test_the_trainer_says_folded_batch_norms_need_freeze_bn_and_with_it_starts_a
 
 
 def _verify(capsys, *model: str, data_dir: Path) -> str:
-    """The held-out row of eval.verify's table for ``model`` (its options), without the target name."""
-    from eval import verify
+    """The held-out row of scripts/verify.py's table for ``model`` (its options), without the target name."""
+    from scripts import verify
 
     capsys.readouterr()
     assert verify.main([*model, "--data-dir", str(data_dir), "--targets", "held_out", "--device", "cpu"]) == 0
