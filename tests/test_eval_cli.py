@@ -14,10 +14,10 @@ import torch
 from torch import nn
 from torchvision.io import encode_jpeg, encode_png
 
-from tests.helpers import ROOT, UNWRITABLE
+from backbones.onnx_export import export
 from eval.verification import load_bin, save_bin, unpickle_bin
 from scripts import make_bin, verify
-from scripts.torch2onnx import export
+from tests.helpers import ROOT, UNWRITABLE
 
 pytest.importorskip("backbones")
 from backbones import get_model, list_models  # noqa: E402

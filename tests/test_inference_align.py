@@ -17,7 +17,7 @@ import pytest
 import torch
 from torchvision.io import encode_png
 
-from scripts.torch2onnx import export
+from backbones.onnx_export import export
 from tests.helpers import ROOT
 
 pytest.importorskip("skimage")
