@@ -12,12 +12,10 @@ Launch forms (CONFIG is ``configs/NAME`` or the path to any ``.py`` config file)
     torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --rdzv-backend=c10d \
         --rdzv-endpoint=10.0.0.1:29500 --rdzv-id=job1 --max-restarts=3 train.py configs/glint360k_r100
 
-Options: ``--set KEY=VALUE [KEY=VALUE ...]`` (repeatable) overrides config keys, parsed to the key's type;
-``--resume`` continues from the newest complete checkpoint in ``output`` (this also happens by itself
-when ``output`` holds checkpoints of the same config, unless ``auto_resume=False``).
-
-Reads top to bottom: arguments → build → resume → loop (step, log, evaluate, checkpoint) → teardown; building
-the run, wrapping the backbone and checkpointing are ``trainer/``'s; docs/ARCHITECTURE.md draws the parts it uses.
+``--set KEY=VALUE [KEY=VALUE ...]`` overrides config keys; ``--resume`` continues the newest checkpoint in
+``output`` even when the config changed (a run of the same config resumes by itself): docs/training.md,
+docs/checkpoints.md. Reads top to bottom: arguments → build → resume → loop (step, log, evaluate, checkpoint) →
+teardown; building the run, wrapping the backbone and checkpointing are ``trainer/``'s (docs/ARCHITECTURE.md).
 """
 from __future__ import annotations
 
@@ -82,12 +80,12 @@ def optimizer_step(job: Job, state: TrainState, micro_batches: list[tuple[torch.
     apply_lr(job.opt_head, lr)
     apply_lr(job.opt_backbone, lr * cfg.backbone_lr_scale)
     # Head warm-up: the plain backbone, outside DDP, in eval mode and without a graph, so that no gradient, no
-    # all-reduce and no batch-norm update reaches it (trainer/finetune.py says why not requires_grad).
+    # all-reduce and no batch-norm update reaches it (docs/finetuning.md says why not requires_grad).
     head_only = job.fine_tuning.head_only(state.step)
     job.fine_tuning.set_modes(job.backbone, state.step)
     backbone = job.backbone if head_only else job.wrapped_backbone
     # Batch-norm running statistics change in the forward pass itself; a skipped step must put them back, or
-    # one NaN batch poisons every later evaluation and checkpoint. The copy is small (r100: ~0.2 MB).
+    # one NaN batch poisons every later evaluation and checkpoint. The copy is small: statistics, not weights.
     buffers = [*job.backbone.buffers(), *job.head.buffers()]  # BN statistics; AdaFace's norm statistics
     saved_buffers = [b.detach().clone() for b in buffers]
     losses = []

@@ -1,18 +1,11 @@
 """Which backbones may train in channels-last memory format on the CPU.
 
-oneDNN's x64 kernel for the weight gradient of a 1x1 convolution with a stride above 1 (the IResNet
-downsample shortcut) writes past its workspace when the input is channels-last (NHWC) and has fewer input
-channels than the kernel's channel block (16 with AVX-512, 8 with AVX2): the process crashes, or the heap
-is corrupted and the gradients are wrong (oneDNN issue 6035; seen with torch 2.14.1 for 2, 8, 12 and 15
-input channels, never with 16 or more). Contiguous (NCHW) tensors and CUDA take other kernels. Full-size
-backbones have 64 or more channels there; only narrow ``tiny`` networks meet it. torch.compile's inductor
-backend lays CPU convolutions out channels-last by itself, so it meets the bug too.
-
-Narrow 3x3 convolutions are not safe in channels-last either: a ``tiny`` network with 2 channels in its first stage
-corrupted the heap in channels-last even with its strided 1x1 shortcuts kept contiguous, once two of those 3x3
-convolutions ran in sequence (each alone, and any single one in the network, passed; torch 2.14.1). The refusal
-below names the strided 1x1 convolutions, which every narrow network of this project's configs and tests has, so it
-covers them.
+oneDNN's x64 kernel for the weight gradient of a strided 1x1 convolution (the IResNet downsample shortcut) writes
+past its workspace when the input is channels-last and has fewer input channels than the kernel's channel block
+(16 with AVX-512, 8 with AVX2): a crash, or a corrupted heap and wrong gradients (oneDNN issue 6035). Contiguous
+tensors and CUDA take other kernels. Full-size backbones have 64 or more channels there; only narrow ``tiny``
+networks meet it, and inductor lays CPU convolutions out channels-last by itself. The refusal names the strided 1x1
+convolutions, which also covers the narrow 3x3 case: docs/backbones.md#memory-format-and-compilation.
 """
 from __future__ import annotations
 

@@ -1,14 +1,12 @@
-"""MobileFaceNet (Chen et al., 2018, https://arxiv.org/abs/1804.07573) in the two configurations of
-insightface: ``mbf`` (width scale 2, blocks (1, 4, 6, 2); with a 512-d embedding 2.06 M parameters and
-0.44 GMACs at 112×112, where the paper's 0.99 M / 0.22 GMACs is its 128-d, narrower configuration) and
-``mbf_large`` (scale 4, blocks (2, 8, 12, 4)).
+"""MobileFaceNet (Chen et al., 2018, https://arxiv.org/abs/1804.07573) in insightface's two configurations:
+``mbf`` (width scale 2, blocks (1, 4, 6, 2)) and ``mbf_large`` (scale 4, blocks (2, 8, 12, 4)).
 
 Inverted-residual bottlenecks (1×1 expand → PReLU → depthwise 3×3 → PReLU → 1×1 linear projection, with
 an identity shortcut when shapes match), a 1×1 conv to 512 channels (``conv_sep``), and a global
 depthwise conv (GDC) head: 7×7 depthwise conv → flatten → linear → BatchNorm1d. Module attribute names
 give the state_dict keys of insightface's files (``layers.N.…``, ``conv_sep.…``,
 ``features.layers.{0,2,3}.…``). ``conv_sep`` and the GDC head run in full precision outside autocast, as
-in the official models.
+in the official models. Sizes: docs/backbones.md.
 """
 from __future__ import annotations
 

@@ -1,49 +1,15 @@
 """Vision Transformer backbones for 112×112 faces, as insightface's ``arcface_torch`` names and builds them.
 
-Network (Dosovitskiy et al., ICLR 2021, https://arxiv.org/abs/2010.11929, without a class token):
+Dosovitskiy et al., ICLR 2021 (https://arxiv.org/abs/2010.11929), without a class token: a 9×9 patch embedding
+(144 tokens) plus learnt positions, pre-norm blocks (attention, ReLU6 MLP, stochastic depth), a final LayerNorm
+and a feature head Linear → BatchNorm1d → Linear → BatchNorm1d on the flattened tokens. Parameter names, shapes
+and order are the official ones, so an official ``backbone.pth`` loads with ``strict=True`` and gives the
+official embeddings. ``VIT_VARIANTS`` holds the registered variants (``get_model("vit_b")``).
 
-- ``patch_embed.proj``: 9×9 conv, stride 9, with bias: a 112×112 face gives 12×12 = 144 tokens (the last
-  4 pixel rows and columns fall outside every patch, as in the official model); plus ``pos_embed``
-  (1, 144, D), learnt.
-- ``blocks.i`` (pre-norm): ``x + drop_path(attn(norm1(x)))``, then ``x + drop_path(mlp(norm2(x)))``;
-  LayerNorm eps 1e-5; attention ``qkv`` (no bias) → softmax(q kᵀ / √(D/heads)) v → ``proj`` (bias);
-  MLP ``fc1`` (D → 4D) → ReLU6 → ``fc2``. Stochastic depth (Huang et al., 2016, per sample, survivors
-  scaled by 1 / (1 − p)) rises linearly over the blocks from 0 to ``drop_path_rate``.
-- ``norm`` (LayerNorm), flatten the (N, 144, D) tokens to (N, 144·D), then the feature head ``feature``:
-  Linear(144·D → D, no bias) → BatchNorm1d(D) → Linear(D → num_features, no bias) →
-  BatchNorm1d(num_features), both BatchNorms with eps 2e-5 and a learnt scale.
-
-Parameter names, shapes and this order are the official ones, so an official ViT ``backbone.pth`` loads
-with ``strict=True`` and gives the official embeddings. The official model has dropout layers whose rate
-is 0 in every variant; they are left out (they compute the identity). ``dropout`` here (default 0) drops
-the flattened tokens before ``feature``, where IResNet and MobileFaceNet apply theirs.
-
-Random patch masking (what ``mask`` in the variant names refers to), exactly as the official forward:
-
-- It applies only when the model is in training mode and its masking is on; in eval mode the forward is
-  deterministic and sees every token (and consumes no random numbers).
-- After adding ``pos_embed``, each sample draws ``torch.rand`` noise per token and keeps the tokens with
-  the ``int(144 · (1 − r))`` smallest values, in that random order; the blocks see only the kept tokens.
-- After ``norm``, the removed positions are filled with the learnt ``mask_token`` (1, 1, D), *not*
-  normalised, and the kept tokens return to their original positions, so the feature head always gets
-  144 tokens and ``mask_token`` is trained through it.
-- Without masking (``mask_ratio`` 0) ``mask_token`` is unused, as in the official model; it stays in the
-  state_dict but is frozen (``requires_grad=False``), so DDP does not wait for a gradient it never gets.
-- The official forward calls its masking function without passing the model's ``mask_ratio``, so the
-  function's default of 0.1 is what every masked variant uses: ``vit_t``, ``vit_s``, ``vit_b`` *and* the
-  ``*_mask_005`` variants all keep int(144 · 0.9) = 129 tokens and mask 15; the ``mask_ratio`` of the
-  official constructor only switches masking on (> 0) or off (0). The table below records the ratio
-  actually used, so trained behaviour (and the random stream) match the official models.
-
-Precision: the model holds no precision flag (the trainer's autocast decides). As in the official model,
-the attention scores, softmax and weighted sum run in full precision, and so do ``norm``, the
-mask-token restore and the feature head: the embedding is never rounded to bf16/fp16. (The official
-model also switches autocast *on* for ``qkv``, ``proj`` and the MLP whatever the trainer asked; here they
-follow the trainer.)
-
-Activation checkpointing recomputes each block in backward (training only); the official ``vit_b``,
-``vit_b_dp005_mask_005``, ``vit_l_dp005_mask_005`` and ``vit_h`` always do, so those variants default to
-``activation_checkpointing=True`` (outputs and gradients are the same either way).
+In training mode a masked variant replaces random tokens by ``mask_token`` as the official forward does (which
+masks 10 % whatever the variant's name says); eval mode is deterministic. The final norm, the mask-token restore
+and the feature head run in full precision: the embedding is never rounded. The layers in detail, masking and
+precision: docs/backbones.md#vit.
 """
 from __future__ import annotations
 

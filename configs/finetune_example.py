@@ -1,18 +1,15 @@
 """Fine-tune a published model on your own identities: ~1,000 identities x 5-20 images (docs/finetuning.md).
 
 Not an arcface_torch recipe: a worked example of this trainer's fine-tuning keys. The backbone starts from a
-model trained on millions of images (init_backbone: an official arcface_torch model.pt / backbone.pth, its
-checkpoint_gpu_0.pt, or a model.pt of ours); the head is new, one centre per identity of yours. With 5-20 images
-an identity, the backbone can only be nudged: it trains ten times slower than the head, after the head has
-settled alone, with its batch-norm statistics and its early stages kept as they were. Replace the paths and
+published model (init_backbone: arcface_torch's model.pt / backbone.pth / checkpoint_gpu_0.pt, or a model.pt of
+ours), the head is new. With 5-20 images an identity the backbone can only be nudged: at a tenth of the head's LR,
+after the head has settled alone, with its batch-norm statistics and early stages kept. Replace the paths and
 counts with yours, e.g. for a folder that scripts/prepare_faces.py wrote with --holdout:
 
     python train.py configs/finetune_example --set init_backbone=/models/ms1mv3_r50/model.pt \
         rec=/data/my_faces num_classes=1000 num_image=12000
 
 network and embedding_size stay base's (r50, 512): they must be the published model's, which is loaded strictly.
-tests/test_finetune.py runs this recipe on a tiny network and synthetic identities (the numbers are in
-docs/finetuning.md).
 """
 from easydict import EasyDict as edict
 

@@ -1,8 +1,6 @@
 """CosFace (m3 = 0.4), IResNet-50 on WebFace42M with Partial FC sampling 0.2, 512 images per GPU on 8 GPUs (global
 batch 4096), SGD lr 0.4, weight decay 5e-4, 20 epochs with 2 of warm-up, fp16 (arcface_torch's
-wf42m_pfc02_8gpus_r50_bs4k).
-
-(Shipped before as `wf42m_pfc02_r50`, a name arcface_torch does not have.)"""
+wf42m_pfc02_8gpus_r50_bs4k)."""
 from easydict import EasyDict as edict
 
 config = edict()

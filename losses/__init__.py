@@ -1,16 +1,13 @@
 """Margin losses: they turn the cosines between embeddings and class centres into scaled logits.
 
-``losses.margin``: ``CombinedMarginLoss`` (m1/m2/m3), ``ArcFace``, ``CosFace``; ``losses.adaface``: ``AdaFace``
-(the margin follows each sample's embedding norm). The cross-entropy itself is ``partial_fc.PartialFC``'s,
-across ranks.
+``ArcFace``, ``CosFace`` and ``CombinedMarginLoss`` (m1/m2/m3) in ``losses.margin``; ``AdaFace`` (the margin
+follows each sample's embedding norm) in ``losses.adaface``; ``build_margin(name, ...)`` builds one by the config's
+``margin`` from the table ``MARGINS``. The cross-entropy is ``partial_fc.PartialFC``'s.
 
-The margin protocol (``Margin``): ``forward(cosines (B, C), labels (B,), norms (B,))`` checks its inputs and
-returns ``(B, C)`` logits for a softmax cross-entropy; ``apply_margin`` with the same arguments does the same
-without the checks (the head has checked every rank's labels already). Labels are column indices, or -1
-where the sample's class is not among these columns. ``norms`` are the norms of the embeddings before
-normalisation, which the head computes anyway: AdaFace reads them, the angle-only margins ignore them.
-
-``build_margin(name, ...)`` builds a margin by its name (config key ``margin``) from the table ``MARGINS``.
+The protocol (``Margin``): ``forward(cosines (B, C), labels (B,), norms (B,))`` checks its inputs and returns
+``(B, C)`` logits; ``apply_margin`` with the same arguments skips the checks (the head has checked every rank's
+labels). A label is a column index, or -1 where the sample's class is not among these columns; ``norms`` are the
+embeddings' norms before normalisation (AdaFace reads them). See docs/partial_fc.md#margin-losses.
 """
 from __future__ import annotations
 

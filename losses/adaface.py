@@ -1,9 +1,6 @@
-"""AdaFace: a margin that adapts to each sample's image quality, read from its embedding norm.
+"""AdaFace: a margin that follows each sample's image quality, read from its embedding norm.
 
-Kim, Jain and Liu, "AdaFace: Quality Adaptive Margin for Face Recognition", CVPR 2022. The norm ``‖z_i‖``
-of a sample's embedding (the backbone output before normalisation) is a proxy for image quality: blurry or
-occluded faces get small norms. Relative to running statistics of the norms, each sample gets its own
-mixture of an angular (ArcFace-like) and an additive (CosFace-like) margin. With ``ε = 1e-3``:
+Kim, Jain and Liu, "AdaFace: Quality Adaptive Margin for Face Recognition", CVPR 2022. With ``ε = 1e-3``:
 
     n_i     = clip(‖z_i‖, 0.001, 100)                           no gradient flows through the norm
     μ ← α·mean(n) + (1 − α)·μ,   σ ← α·std(n) + (1 − α)·σ        once per forward in training mode, before use;
@@ -11,28 +8,11 @@ mixture of an angular (ArcFace-like) and an additive (CosFace-like) margin. With
     q_i     = clip(h · (n_i − μ) / (σ + ε), −1, 1)               the quality indicator
     g_angle = −m · q_i,    g_add = m + m · q_i
     out[i, y_i] = s · (cos(clip(θ_i + g_angle, ε, π − ε)) − g_add),   θ_i = arccos(x_iy)
-    out[i, j]   = s · x_ij                                        every other column
-    x = clamp(cos θ, −1 + ε, 1 − ε)                               every column
+    out[i, j]   = s · x_ij,   x = clamp(cos θ, −1 + ε, 1 − ε)     every other column
 
-A low-quality sample (``q = −1``) gets ArcFace's ``cos(θ + m)``; a high-quality one (``q = 1``)
-``cos(θ − m) − 2m``, which emphasises hard samples late in training. These are the values of the authors'
-public head. ``h`` sets how many samples reach the extremes (the paper's 0.333: about 68 % of a normal
-batch stays within ±1/3), ``t_alpha`` how fast the statistics follow the batches (the paper's 0.01).
-
-Inside ``partial_fc.PartialFC`` the norms are those of the all-gathered global batch, the same tensor on
-every rank, so every rank updates ``batch_mean`` and ``batch_std`` with the same values: they stay identical
-without a collective, are module buffers (``head.state_dict()``) and are saved in checkpoints.
-
-A batch whose statistics cannot be formed (fewer than 2 samples: the unbiased std is undefined) or are not
-finite (a NaN embedding norm; an infinite one is clipped to 100 first, as in the authors' head) leaves the
-statistics as they were, so one bad step cannot poison every later one; the check runs on the device (no host
-synchronisation).
-
-Gradient modes, as ``losses.margin``: ``"exact"`` differentiates the formula above (what the authors' head
-gets from autograd, and what the paper's analysis of the gradient scaling term assumes): ``clamp`` and
-``clip`` pass no gradient where they bind, and on the target ``∂out/∂x = s·sin θ_m / sin θ``, finite because
-``θ ∈ [arccos(1 − ε), arccos(−1 + ε)]``. ``"straight_through"`` treats the margin as a constant:
-``∂out/∂cos = s`` everywhere.
+These are the authors' head's values. A batch of fewer than 2 samples or with a non-finite statistic leaves the
+statistics (buffers) as they were. Inside ``PartialFC`` the norms are the global batch's, so every rank keeps the
+same statistics without a collective. See docs/partial_fc.md#adaface.
 """
 from __future__ import annotations
 
@@ -91,7 +71,7 @@ class _AdaFaceFunction(torch.autograd.Function):
 
 
 class AdaFace(nn.Module):
-    """AdaFace's quality-adaptive margin on cosine logits (see the module docstring for the formula).
+    """AdaFace's quality-adaptive margin on cosine logits (the formula: the module docstring).
 
     Args:
         s: scale, > 0 (the paper's 64).

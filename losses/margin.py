@@ -1,40 +1,16 @@
-"""Margin-based softmax losses on cosine logits: ArcFace, CosFace and their combination.
+"""ArcFace, CosFace and their combination: margins that turn cosines into scaled logits.
 
-The modules here turn cosines ``cos θ`` between normalised embeddings and normalised class centres
-into scaled logits for a softmax cross-entropy; they do not compute the cross-entropy themselves
-(``partial_fc.PartialFC`` does that across ranks). For each sample ``i`` with a target class ``y_i``
-in the given columns:
+``partial_fc.PartialFC`` takes the cross-entropy. For a sample ``i`` whose target ``y_i`` is among the columns
+(label -1: it is not, and the row is only scaled):
 
     out[i, y_i] = s · (cos(m1·θ + m2) − m3),   θ = arccos(cos θ)       (target)
     out[i, j]   = s · cos θ_ij                                          (every other column)
 
-``m1`` is the SphereFace-style multiplicative angular margin, ``m2`` ArcFace's additive angular
-margin (Deng et al., CVPR 2019) and ``m3`` CosFace's additive cosine margin (Wang et al., CVPR 2018).
-A label of ``-1`` means "this sample's class is not among these columns" (another rank's shard, or not
-sampled), and that row is only scaled.
-
-Forward values equal insightface ``arcface_torch``'s ``CombinedMarginLoss`` for ArcFace
-``(1, m2, 0)`` and CosFace ``(1, 0, m3)``: plain ``cos(θ + m2)`` with no "easy margin" or
-``θ + m > π`` fallback. Differences, on purpose: every ``(m1, m2, m3)`` combination is computed
-(the reference raises for ``m1 != 1`` and silently drops ``m2`` when ``m3 > 0``), cosines are
-clamped to ``[-1, 1]`` before ``arccos`` (the reference returns NaN for ``1 + ulp``), and the input is
-never modified in place.
-
-Gradient modes (``gradient=``):
-
-* ``"straight_through"`` (default, the reference's behaviour): the margin is treated as a constant
-  offset in the backward pass, so ``∂out/∂cos = s`` on the target as everywhere else. The reference
-  gets this by editing the logits under ``torch.no_grad()``.
-* ``"exact"``: the true derivative ``∂out/∂cos = s · m1 · sin(m1·θ + m2) / sin θ`` on the target.
-  It diverges like ``m1·sin(m2)/θ`` as ``θ → 0`` (and as ``θ → π``) when ``m2 > 0``, so it is
-  evaluated at ``cos θ`` clamped to ``[-1 + δ, 1 − δ]`` with ``δ = 8·eps(dtype)``: the derivative is
-  exact inside that range and saturates (stays finite) outside it. Past ``m1·θ + m2 > π`` the target
-  logit is no longer monotonic in θ and the exact derivative changes sign; no fallback is applied.
-  For CosFace (``m1 = 1, m2 = 0``) both modes give the same gradient.
-
-Inter-class filtering (``interclass_filtering_threshold = t > 0``, from the reference): every cosine
-above ``t`` that is not the sample's own target is set to 0 before scaling (for samples whose target
-is elsewhere, all their cosines above ``t`` here), and receives no gradient.
+``m1``: SphereFace's multiplicative angular margin; ``m2``: ArcFace's additive angular margin (Deng et al., CVPR
+2019); ``m3``: CosFace's additive cosine margin (Wang et al., CVPR 2018). Forward values equal arcface_torch's
+``CombinedMarginLoss``. ``gradient="straight_through"`` (its behaviour) treats the margin as a constant in the
+backward, ``"exact"`` differentiates it. Where it differs from the reference on purpose, the exact gradient near
+θ = 0 and inter-class filtering: docs/partial_fc.md#margin-losses.
 """
 from __future__ import annotations
 
@@ -138,7 +114,7 @@ class CombinedMarginLoss(nn.Module):
         m3: additive cosine margin, >= 0 (0 disables it).
         interclass_filtering_threshold: 0 disables; in (0, 1) zeroes every non-target cosine above it.
         gradient: ``"straight_through"`` (the reference's: ∂out/∂cos = s on the target) or ``"exact"``
-            (the true derivative, saturated near θ = 0 and θ = π); see the module docstring.
+            (the true derivative, saturated near θ = 0 and θ = π); see docs/partial_fc.md#margin-losses.
 
     ``forward(cosines (B, C), labels (B,) or (B, 1) int64)`` returns ``(B, C)`` scaled logits; labels
     are column indices into ``cosines`` or ``-1`` for "target not among these columns".
@@ -196,12 +172,9 @@ class CombinedMarginLoss(nn.Module):
         return logits, torch.full_like(logits, self.s)
 
     def apply_margin(self, logits: Tensor, labels: Tensor, norms: Tensor | None = None) -> Tensor:
-        """``forward`` without the checks, for callers that built ``labels (B,) int64`` in range themselves.
-
-        ``partial_fc.PartialFC`` calls this: it has validated every rank's labels already, and the range
-        check would cost a host-device synchronisation per step on an accelerator. ``norms`` (the embedding
-        norms every margin of ``losses`` receives) is not used: these margins depend on the angle only.
-        """
+        """``forward`` without the checks (which read the labels on the host), for callers that built ``labels
+        (B,) int64`` in range themselves, as ``partial_fc.PartialFC`` does. ``norms`` is not used: these margins
+        depend on the angle only."""
         if logits.shape[1] == 0:  # no class here (a rank none of whose classes a sampled step uses): no target
             return logits * self.s
         return _MarginFunction.apply(logits, labels, self.s, self.m1, self.m2, self.m3,

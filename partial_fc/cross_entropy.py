@@ -33,19 +33,15 @@ def sharded_log_sum_exp(local_max: Tensor, local_sum: Tensor, target_logit: Tens
 class _ShardedCrossEntropy(torch.autograd.Function):
     """Mean softmax cross-entropy over classes sharded across ranks, in log space.
 
-    Shapes per rank: ``logits (B, C_r)`` fp32 (the same B rows on every rank, rank r holding its C_r
-    columns), ``target (B,)`` int64: the column of the sample's class on this rank, or -1 when another
-    rank holds it (exactly one rank holds each sample's class). Output: the same scalar on every rank.
-    Forward: ``m_i = max_r max_j z_ij``, ``S_i = Σ_r Σ_j exp(z_ij − m_i)`` and ``t_i = z_{i,y_i}``
-    (``sharded_log_sum_exp``: each rank reads its logits once), ``loss = mean_i(log S_i + m_i − t_i)``. No
-    probability is clamped, so the loss is exact however large (insightface clamps at 1e-30, which caps a
-    sample's loss at 69.08 and zeroes its gradient).
-    Backward: ``∂loss/∂z_ij = (exp(z_ij − m_i)/S_i − [j = y_i]) / B``, written into the ``logits``
-    tensor in place (pass a temporary; the backward can run once). No rescaling: each rank's gradient is
-    the exact partial derivative for its own columns.
-    The target column is read and written with gather/scatter over every row (rows whose class is
-    elsewhere read column 0 and contribute 0), so no step depends on how many rows are local: no host
-    synchronisation, and a fixed number of operations.
+    Per rank: ``logits (B, C_r)`` fp32 (the same B rows on every rank, rank r holding its C_r columns), ``target
+    (B,)`` int64: the sample's column on this rank, or -1 where another rank holds it. Output: the same scalar on
+    every rank.
+    Forward: ``m_i = max_r max_j z_ij``, ``S_i = Σ_r Σ_j exp(z_ij − m_i)``, ``t_i = z_{i,y_i}``
+    (``sharded_log_sum_exp``), ``loss = mean_i(log S_i + m_i − t_i)``. No probability is clamped (insightface's
+    1e-30 caps a sample's loss at 69.08 and zeroes its gradient).
+    Backward: ``∂loss/∂z_ij = (exp(z_ij − m_i)/S_i − [j = y_i]) / B``, written over ``logits`` (pass a temporary;
+    it runs once). No rescaling: each rank's gradient is the exact partial derivative for its own columns. The
+    target column is read and written by gather/scatter over every row, so no operation depends on the labels.
     """
 
     @staticmethod

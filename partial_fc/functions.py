@@ -116,29 +116,19 @@ def _cosine_products_backward(ctx, saved: _Saved, left: Tensor, right: Tensor, d
 
 
 class NormalizedLinear(torch.autograd.Function):
-    """Cosines between rows of ``emb (B, D)`` and the centres of rows ``index (C,)`` of ``weight (N, K·D)``:
-    ``(B, C·K)`` fp32, and the embedding norms ``|emb| (B,)`` fp32 (not differentiable: margins that read
-    them, AdaFace, treat them as constants). The head uses it when its margin changes more than the target
-    columns (AdaFace, inter-class filtering, a plain callable) or with sub-centres; otherwise
-    ``MarginSoftmax`` does the same products with the margin and the cross-entropy fused in.
+    """Cosines between ``emb (B, D)`` and the centres of rows ``index (C,)`` (sorted, unique; None: all N rows) of
+    ``weight (N, K·D)``: ``(B, C·K)`` fp32, column ``j·K + k`` being centre k of the j-th selected class, and the
+    embedding norms ``(B,)`` fp32 (not differentiable: AdaFace treats them as constants). The head uses it when its
+    margin changes more than the target column, or with sub-centres; otherwise ``MarginSoftmax``.
 
-    A weight row holds its class's ``K`` centres (sub-centres) side by side, so ``weight`` is the
-    ``(N·K, D)`` matrix of centres with class ``c``'s centres in rows ``c·K … c·K + K − 1``, and column
-    ``j·K + k`` of the cosines is centre ``k`` of the ``j``-th selected class. ``index`` (sorted, unique)
-    selects the sampled rows; ``None`` uses all ``N`` rows. With an index and ``sparse`` the weight gradient
-    is a coalesced sparse ``(N, K·D)`` tensor whose values are this step's gathered copy of the rows,
-    overwritten by their gradient (what ``F.embedding(sparse=True)`` gives, without its extra buffers);
-    without ``sparse`` it is dense, zero on the rows that were not selected (arcface_torch's gradient).
-
-    Forward: ``cos = (emb / |emb|) @ (weight / |weight|)ᵀ``, computed as ``(ê @ Wᵀ) · diag(1/|W|)`` so the
-    normalised weight is never materialised. The products run in ``compute_dtype`` (the ambient autocast
-    dtype: bf16/fp16 operands with fp32 accumulation; in fp16 the backward's are ``g`` and ``W / |W|``, which
-    stay in fp16's range where ``G`` may not) and everything else in fp32.
+    Forward: ``cos = (ê @ Wᵀ) · diag(1/|W|)``, so the normalised weight is never materialised; the product in the
+    autocast dtype with fp32 accumulation, the rest in fp32. Norms below 1e-12 divide by 1e-12, as ``F.normalize``.
     Backward, with ``g = ∂L/∂cos`` and ``G = g · diag(1/|W|)``:
     ``∂L/∂W = Gᵀ ê − diag(Σ_b g⊙cos / |W|²) W`` and ``∂L/∂emb = diag(1/|e|)(G W − diag(Σ_c g⊙cos) ê)``
-    (the row dots ``ŵ·∂L/∂ŵ`` equal ``Σ_b g⊙cos``, so no (C, D) temporary is needed). Rows with a norm
-    below 1e-12 are divided by 1e-12 instead, as ``F.normalize``. The backward overwrites the cosines with
-    ``g⊙cos`` and then ``G`` (they are the head's own temporary), so it can run once.
+    (``ŵ·∂L/∂ŵ = Σ_b g⊙cos``: no (C, D) temporary). In fp16 the products' operands are ``g`` and ``W/|W|``, which
+    stay in fp16's range where ``G`` may not. With an index and ``sparse`` the weight gradient is a coalesced sparse
+    ``(N, K·D)`` tensor over this step's gathered copy of the rows; without ``sparse``, dense and zero on the rows
+    not selected. No rescaling. The backward overwrites the cosines (the head's own temporary): it runs once.
     """
 
     @staticmethod
@@ -209,26 +199,18 @@ def _local_functions(compiled: bool) -> tuple[Callable, Callable]:
 
 
 class MarginSoftmax(torch.autograd.Function):
-    """The head's loss in one function when its margin changes only the target columns (ArcFace, CosFace,
-    every ``CombinedMarginLoss`` without inter-class filtering) and each class has one centre.
+    """The head's loss in one Function when its margin changes only the target column (ArcFace, CosFace,
+    ``CombinedMarginLoss`` without inter-class filtering) and each class has one centre.
 
-    Inputs as ``NormalizedLinear`` plus ``target (B,)`` (the sample's column here, -1 where another rank
-    holds it), the margin, whose ``target_only_scale()`` is ``s`` and whose ``target_logits(x)`` gives the
-    target logits and their slopes, and ``compiled`` (the collective-free parts through ``torch.compile``).
-    Output: the mean cross-entropy over the global batch, as ``sharded_cross_entropy(margin(NormalizedLinear(
-    ...)))``.
-
-    The logits are never stored: non-target logits are ``s·cos``, target logits come from the margin, so the
-    cosines are reduced to each row's maximum and its exponentials (``softmax_statistics``;
-    ``sharded_log_sum_exp`` combines the ranks' sums). The exponentials are kept for the backward, which scales
-    them in place into ``g = ∂L/∂cos`` (``s·softmax`` off target, ``slope·(softmax − 1)`` on it, over the batch)
-    and reduces ``g⊙cos`` (``softmax_gradient``). A step holds two ``(B, C)`` fp32 tensors, the cosines and the
-    exponentials (later ``g``, then ``G`` over the cosines), against the unfused chain's logits, their gradient
-    and its temporaries; in fp32 the head's backward allocates no ``(B, C)`` tensor, and it releases the
-    exponentials before the weight's gradient is allocated. Under bf16/fp16 autocast the forward's product is a
-    half ``(B, C)`` tensor before its fp32 copy, and the backward makes the products' half ``(B, C)`` operand (and
-    a half copy of the rows) while both fp32 tensors are alive: 2.5 × B × C × 4 bytes at once, the step's peak of
-    ``(B, C)`` tensors (``bench/plan.py`` lists every allocation).
+    Inputs as ``NormalizedLinear`` plus ``target (B,)`` (the sample's column here, -1 where another rank holds it),
+    the margin (``target_only_scale()`` is ``s``; ``target_logits(x)`` gives the target logits and their slopes) and
+    ``compiled``. Output: the mean cross-entropy over the global batch, the same scalar on every rank, equal to
+    ``sharded_cross_entropy(margin(NormalizedLinear(...)))``.
+    Forward: logits ``s·cos`` off target and the margin's on it, reduced to each row's maximum and exponentials
+    (``softmax_statistics``) and combined over the ranks (``sharded_log_sum_exp``); the logits are never stored.
+    Backward: ``g = ∂L/∂cos`` is ``s·softmax/B`` off target and ``slope·(softmax − 1)/B`` on it, written over the
+    exponentials (``softmax_gradient``), then ``NormalizedLinear``'s identities. No rescaling. A step holds two
+    ``(B, C)`` fp32 tensors, the cosines and the exponentials (docs/partial_fc.md#memory has every phase).
     """
 
     @staticmethod

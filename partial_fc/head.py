@@ -23,49 +23,27 @@ class PartialFC(nn.Module):
     """Margin-softmax head with class centres sharded over ranks and optional class sampling.
 
     Args:
-        margin_loss: maps ``(cosines (B, C_sampled), labels (B,) with -1 = elsewhere)`` to scaled logits,
-            e.g. ``losses.ArcFace()``. When it has an ``apply_margin`` method (every margin in ``losses``:
-            the ``losses.Margin`` protocol), the head calls ``apply_margin(cosines, labels, norms)`` with the
-            norms ``(B,)`` of the gathered embeddings (it has checked the labels itself); a plain callable is
-            called with ``(cosines, labels)``. A module margin is a submodule: its buffers (AdaFace's running
-            statistics) are the head's, the same on every rank. A margin that changes only the target column
-            (``target_only_scale()`` is not None: ArcFace, CosFace, ``CombinedMarginLoss`` without inter-class
-            filtering) is fused with the cross-entropy when ``sub_centers == 1`` (``MarginSoftmax``: the
-            logits are never stored); the values are those of the unfused chain.
+        margin_loss: a ``losses.Margin``, called as ``apply_margin(cosines, labels, norms)`` with the gathered
+            embeddings' norms (a module margin's buffers are the head's, the same on every rank), or a plain
+            callable ``(cosines (B, C_s), labels (B,) with -1 = elsewhere) -> logits``. A target-only margin
+            (``target_only_scale()`` not None) with ``sub_centers == 1`` is fused with the cross-entropy
+            (``MarginSoftmax``: the logits are never stored; the values are the unfused chain's).
         embedding_size: D.
         num_classes: C over all ranks (>= world size).
-        sample_rate: fraction of this rank's classes used per step, in (0, 1]. Below 1, every class in the
-            global batch is kept and ``int(sample_rate · num_local)`` classes are used in all (more if the
-            batch has more: ``sample_size``); negatives are drawn uniformly without replacement, ordered by
-            a hash of (class id, per-step seed) that every device computes alike; the seed is one
-            ``torch.randint`` draw from the global torch RNG per step on every rank.
-        seed: initial centres are ``normal(0, 0.01)`` and depend only on ``(seed, class id)``, not on the
-            world size (see ``init_rows``).
-        sub_centers: K >= 1 centres per class (sub-center ArcFace: Deng et al., "Sub-center ArcFace: Boosting
-            Face Recognition by Large-scale Noisy Web Faces", ECCV 2020). A class's cosine is the largest of
-            its K centres' (for the target and every other class alike), so noisy images of a class gather
-            at a non-dominant centre instead of pulling the dominant one. The K centres of a class live in
-            one row of ``weight`` (see ``NormalizedLinear``): they are owned by one rank, sampled together,
-            and share the row's optimizer state; 1 is the plain head.
-        update: ``"sampled"`` (default, the original Partial FC method): with ``sample_rate < 1`` the weight
-            gradient is sparse, so the row-sparse optimizers update only the sampled rows and their state;
-            ``"all"`` (arcface_torch's): the gradient is dense, zero on unsampled rows, so momentum and weight
-            decay move every row every step. Both are the same at ``sample_rate == 1``.
-        compile: run the fused head's collective-free parts (``softmax_statistics``: cosines → logits → local
-            maximum and sum; ``softmax_gradient``: the local part of the backward) through ``torch.compile``,
-            which fuses each into loops that need no ``(B, C)`` work tensor (C++ on the CPU, Triton on CUDA).
-            The same values to rounding; the first steps pay the compilation.
-        device: where the class centres are made (initialised there in blocks, no host copy of the shard; see
-            ``sharding.init_rows`` for the values on a GPU); ``.to(device)`` moves them later as for any module.
+        sample_rate: in (0, 1]; below 1 a step uses every class of the global batch plus uniformly drawn
+            negatives, ``sample_size`` classes per rank (``sharding.sample_rows``).
+        seed: the initial centres, ``normal(0, 0.01)``, depend only on (seed, class id), not on the world size.
+        sub_centers: K >= 1 centres per class (sub-center ArcFace, Deng et al., ECCV 2020), side by side in the
+            class's row; a class's cosine is its closest centre's.
+        update: ``"sampled"`` (a sparse gradient: only the sampled rows and their state move) or ``"all"``
+            (arcface_torch's dense gradient, zero on unsampled rows); the same at ``sample_rate == 1``.
+        compile: run the fused head's collective-free parts through ``torch.compile`` (same values to rounding).
+        device: where the centres are initialised (in blocks, no host copy of the shard).
 
-    Attributes: ``weight`` (num_local, K·D) fp32 Parameter, ``class_start``, ``num_local``, ``sub_centers``.
-    ``forward(local_embeddings (B, D), local_labels (B,))`` returns the mean loss over the global batch;
-    B may differ between ranks and steps.
-
-    Every operation of a step is a whole-tensor torch operation: their number does not depend on the batch size
-    or the class count. Host-device synchronisations per step (``utils.distributed.to_host``): one, reading the
-    gathered batch sizes and label checks of every rank (``_check_inputs``); a second only when the positives
-    can outnumber the sample (``sharding.sample_rows``). Everything else stays on the device.
+    ``weight`` is (num_local, K·D) fp32. ``forward(local_embeddings (B, D), local_labels (B,))`` returns the mean
+    loss over the global batch; B may differ between ranks and steps. A step is a fixed number of whole-tensor
+    operations with one host synchronisation (``_check_inputs``), a second only when the positives can outnumber
+    the sample. See docs/partial_fc.md.
     """
 
     def __init__(self, margin_loss: Margin | Callable[[Tensor, Tensor], Tensor], embedding_size: int,
@@ -101,10 +79,9 @@ class PartialFC(nn.Module):
         self.weight.register_post_accumulate_grad_hook(self._mark_coalesced)
 
     def _mark_coalesced(self, weight: nn.Parameter) -> None:
-        """Once a sparse weight gradient is accumulated: autograd stores it (sorted, unique rows: coalesced) as a
-        new tensor without that mark, and coalescing it again would sort and copy every row and, on a GPU, read
-        its size on the host. When ``weight.grad`` is exactly one step's gradient, not a sum of micro-batches
-        (whose rows would number more), mark it again; the indices and values are shared, not copied."""
+        """Mark one step's sparse gradient coalesced again: autograd stores it without the mark, and coalescing
+        it again would sort and copy every row (and read its size on the host). A sum of micro-batches (more rows)
+        is left alone; the indices and values are shared, not copied."""
         grad = weight.grad
         if grad is not None and grad.is_sparse and not grad.is_coalesced() and grad._nnz() == self._grad_rows:
             weight.grad = torch.sparse_coo_tensor(grad._indices(), grad._values(), grad.shape, is_coalesced=True,

@@ -1,15 +1,11 @@
 """Optimizers: the row-sparse ones of the Partial FC head, and the one table that picks both of a run.
 
 ``build_optimizers(name, ...)`` returns the backbone's torch optimizer and the head's row-sparse one for the
-config's ``optimizer`` ("sgd" | "adamw"), with the same hyper-parameters (``momentum`` is SGD's momentum and
-AdamW's beta1). An unknown name is a ``ValueError`` listing the table.
-
-Row-sparse update (the original Partial FC method): with ``sample_rate < 1`` the head's gradient is a sparse
-tensor whose rows are the sampled classes; ``RowSparseSGD`` and ``RowSparseAdamW`` update only those rows
-and their optimizer state (momentum, Adam moments with per-row step counts): unsampled rows keep their
-values and state and get no weight decay. Dense gradients (``sample_rate == 1``) update every row, where
-``RowSparseSGD`` performs exactly ``torch.optim.SGD``'s update. Every state tensor has one row per class
-(first dimension ``num_local``), so checkpoints re-partition it row by row to another world size.
+config's ``optimizer`` ("sgd" | "adamw", the table ``OPTIMIZERS``), with the same hyper-parameters (``momentum``
+is SGD's momentum and AdamW's beta1). ``RowSparseSGD`` and ``RowSparseAdamW`` update only the rows present in a
+sparse gradient and their state (the original Partial FC method); a dense gradient updates every row, as torch's
+optimizers do. Every state tensor has one row per class, so checkpoints re-partition it row by row.
+See docs/partial_fc.md#sampling.
 """
 from __future__ import annotations
 
@@ -193,7 +189,7 @@ class RowSparseAdamW(_RowSparseOptimizer):
 
 # name -> (the backbone's torch optimizer, the head's row-sparse one); momentum is SGD's momentum or AdamW's beta1.
 # The backbone's updates one operation per step over all its tensors (foreach): torch's default on CUDA, and on the
-# CPU, where torch would loop over the tensors one by one, the same bits in half the time for a small network.
+# CPU, where torch would otherwise loop over the tensors one by one; the same bits either way.
 OPTIMIZERS: dict[str, tuple[Callable[..., torch.optim.Optimizer], Callable[..., torch.optim.Optimizer]]] = {
     "sgd": (lambda params, lr, momentum, weight_decay: torch.optim.SGD(
                 params, lr=lr, momentum=momentum, weight_decay=weight_decay, foreach=True),

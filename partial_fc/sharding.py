@@ -48,12 +48,10 @@ def init_rows(seed: int, class_start: int, num_local: int, dim: int,
               device: torch.device | str = "cpu") -> Tensor:
     """``normal(0, 0.01)`` rows for classes ``[class_start, class_start + num_local)``, made on ``device``.
 
-    Rows come from blocks of ``INIT_BLOCK`` classes, each drawn from its own generator seeded by
-    ``(seed, block)`` on ``device``, so class ``c``'s initial centre depends only on ``seed`` and ``c``: the full
-    weight is the same for every world size. The blocks are drawn straight into the output, on the device, so a
-    shard of millions of classes needs no host copy. The CPU's and CUDA's generators draw different numbers
-    from the same seed: a head initialised on a GPU has other (equally distributed) initial centres than one
-    initialised on the CPU, the same on every world size.
+    Each block of ``INIT_BLOCK`` classes is drawn from its own generator seeded by ``(seed, block)``, straight into
+    the output on ``device`` (no host copy), so class ``c``'s centre depends only on ``seed`` and ``c``, whatever the
+    world size. The CPU's and CUDA's generators differ: a head made on a GPU has other (equally distributed)
+    initial centres than one made on the CPU.
     """
     out = torch.empty(num_local, dim, device=device)  # (num_local, D)
     end = class_start + num_local

@@ -76,14 +76,12 @@ def write_run(output: Path, state: TrainState, *, rank: int, world_size: int, sc
               barrier: Callable[[], None] | None = None) -> Path | None:
     """Write the run at ``state`` (every rank calls it); returns the step folder, or None without one.
 
-    ``head``: this rank's ``partial_fc.head_shard``; None writes no step folder (``save_all_states = False``),
-    only ``model.pt`` and ``model.json``. ``backbone`` (state_dict), ``backbone_optimizer``, ``scaler`` (their
-    ``state_dict()``) and ``head_buffers``: rank 0's, None elsewhere. ``rng``: this rank's random streams
-    (default: this process's; ``seeded_rng`` for a run converted elsewhere). ``barrier``: where the ranks meet
-    (``utils.checkpoint.save_checkpoint``). ``config`` (saved with the run) gives ``num_classes`` and the
-    network that ``model.json`` describes; ``keep``: the complete step folders kept. ``model.pt`` is the
-    backbone's state_dict in the official layout (loadable by arcface_torch), as CPU tensors; every file is
-    written atomically.
+    ``head``: this rank's ``partial_fc.head_shard``, or None for no step folder (``save_all_states = False``): only
+    ``model.pt`` (the backbone's state_dict in the official layout, CPU tensors) and ``model.json``. ``backbone``,
+    ``backbone_optimizer``, ``scaler`` (state_dicts) and ``head_buffers``: rank 0's, None elsewhere. ``rng``: this
+    rank's random streams (default: this process's; ``seeded_rng`` for a converted run). ``barrier``: where the
+    ranks meet. ``config`` gives ``num_classes`` and the network for ``model.json``; ``keep``: the complete step
+    folders kept. Every file is written atomically.
     """
     path = None
     if head is not None:

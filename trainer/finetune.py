@@ -1,24 +1,16 @@
-"""Fine-tuning on small data: what of the backbone is frozen, and when (docs/finetuning.md).
+"""Fine-tuning on small data: what of the backbone is frozen, and when.
 
-Each config key is a no-op at its default, so a run that sets none trains as before, bit for bit:
+Each config key is a no-op at its default, so a run that sets none trains bit for bit as without them:
 
 - ``freeze_stages``: the stem and the first N stages (the backbone's ``stages()``) get ``requires_grad = False``
-  before DDP wraps the backbone. DDP builds its reducer from the parameters that require a gradient, so it
-  never waits for theirs; autograd never computes one (the images need none), and the optimizer, which skips
-  parameters without a gradient, neither moves nor decays them. Their batch-norm layers stay in eval mode.
-- ``freeze_bn``: every batch-norm layer of the backbone in eval mode while training (running statistics used,
-  never updated); the affine weights still learn.
-- ``head_warmup_steps``: for the first steps the step calls the plain backbone (not its DDP wrapper) in eval
-  mode under ``no_grad``: the embeddings carry no graph, so the backward stops at the head and the backbone gets
-  no gradient, no all-reduce (every rank is at the same step, so none waits for another) and no update; its
-  batch-norm statistics stay. DDP does not allow ``requires_grad`` to change once it has wrapped a module, and
-  skipping the backbone's update after a full backward would still pay for that backward and its all-reduce
-  and would need its batch-norm statistics put back; no graph at all is correct under DDP and under gradient
-  accumulation alike, and the cheapest.
+  before DDP wraps the backbone, so DDP never waits for their gradients; their batch-norm layers stay in eval mode.
+- ``freeze_bn``: every batch-norm layer of the backbone in eval mode while training; the affine weights learn.
+- ``head_warmup_steps``: for the first steps the step calls the plain backbone (not its DDP wrapper) in eval mode
+  under ``no_grad``: the backward stops at the head, and the backbone gets no gradient, all-reduce or update.
 - ``backbone_lr_scale``: ``train.optimizer_step`` sets the backbone's LR to the schedule's LR times the scale.
 
-A model imported from ONNX (scripts/import_onnx.py) lost the statistics of the batch norms its exporter folded:
-``folded_batch_norms_warning`` is the start line that says so when ``freeze_bn`` is off.
+``folded_batch_norms_warning`` is the start line for a model imported from ONNX whose folded batch norms lost
+their statistics, when ``freeze_bn`` is off. Why each holds under DDP, accumulation and resume: docs/finetuning.md.
 """
 from __future__ import annotations
 

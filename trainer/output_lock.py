@@ -1,16 +1,12 @@
 """One run per output folder: ``<output>/run.lock`` names the run that trains there.
 
 Rank 0 takes the lock before anything looks at the checkpoints (``hold_output``) and every rank learns the
-outcome: a second start in a folder where a run trains stops with one line naming that run, instead of resuming
-from its checkpoints and writing beside it. The file (JSON) names the host, the process (pid, and its start
-time against pid reuse), when the run started, its command, the torchrun job (``TORCHELASTIC_RUN_ID``,
-``TORCHELASTIC_RESTART_COUNT``) and a heartbeat that a thread refreshes every ``HEARTBEAT_S`` seconds.
-
-A lock is taken over, with one line, when its run is gone: on this machine (same host name and pid namespace)
-when its process has ended; on another (a shared file system) when it names an earlier round of this torchrun
-job (the same ``--rdzv-id``, a lower restart count: torchrun stopped that round's workers) or when its heartbeat
-is older than ``STALE_S`` by this machine's clock (a restarted rank 0 on another node waits that long for it).
-Released when the run ends. docs/checkpoints.md, "A folder belongs to one run".
+outcome: a second start in a folder where a run trains stops with one line naming that run. The file (JSON) names
+the host, the process (pid, and its start time against pid reuse), the start, the command, the torchrun job
+(``TORCHELASTIC_RUN_ID``, ``TORCHELASTIC_RESTART_COUNT``) and a heartbeat a thread refreshes every ``HEARTBEAT_S``
+seconds. A lock is taken over, with one line, when its run is gone: on this machine when its process has ended;
+from another when it names an earlier round of this torchrun job, or its heartbeat is older than ``STALE_S``.
+Released when the run ends. The rules users see: docs/checkpoints.md#a-folder-belongs-to-one-run.
 """
 from __future__ import annotations
 

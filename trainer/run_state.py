@@ -96,16 +96,12 @@ def rng_seed(seed: int, step: int, rank: int) -> int:
 
 def resume_position(state: TrainState, saved_per_step: int, per_step: int, saved_steps_per_epoch: int,
                     steps_per_epoch: int, max_steps: int) -> TrainState:
-    """Where to continue, in units of the new run's optimizer steps; ``saved_per_step``/``per_step``: images per
-    optimizer step (batch size x world size x accumulation) of the run that saved and of this one, and
-    ``saved_steps_per_epoch``/``steps_per_epoch`` their steps per epoch. Every other field is carried over.
-
-    With the same images per step nothing changes. Otherwise (another world size, say) the position in the
-    epoch keeps the samples consumed (rounded down, so a few are seen again rather than skipped), and for an
-    epoch-based run (``max_steps = 0``) the step counter is recomputed from the epoch position, so the LR
-    schedule continues at the same fraction of training and the run still ends after the configured
-    epochs; the anchor of a continued schedule moves with it. A step-based run (``max_steps > 0``) keeps its
-    step and anchor.
+    """Where to continue, in the new run's optimizer steps. ``saved_per_step``/``per_step``: images per optimizer
+    step (batch size x world size x accumulation) of the run that saved and of this one; ``saved_steps_per_epoch``/
+    ``steps_per_epoch`` their steps per epoch. With other images per step, the epoch position keeps the samples
+    consumed (rounded down: a few are seen again, none skipped), and an epoch-based run (``max_steps = 0``)
+    recomputes its step and schedule anchor from it, so the LR continues at the same fraction of training; a
+    step-based run keeps its step and anchor. Every other field is carried over.
     """
     if saved_per_step == per_step:
         return state

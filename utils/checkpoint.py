@@ -9,12 +9,10 @@ Layout of one checkpoint (``step`` = optimizer steps done)::
         head_rank<r>.pt   rank r: its shard of the class centres (``partial_fc.head_shard``)
         manifest.json     written last: format, step, world_size and the size of every file above
 
-Every rank writes into ``step_X.tmp/`` (each file fsynced and renamed), all ranks meet, rank 0 writes the
-manifest, renames the folder to ``step_X``, fsyncs the parent and prunes. A checkpoint counts only under its
-final name with a manifest whose files all exist with the listed sizes, so a crash at any point leaves the
-previous complete one the newest; a re-save moves the old copy to ``step_X.old`` first, which
-``recover_replaced`` renames back after a crash. Everything is stored as CPU tensors, numbers, strings, lists and
-dicts, read back with ``torch.load(weights_only=True)``. The guarantees users rely on: docs/checkpoints.md.
+``save_checkpoint`` writes into ``step_X.tmp/`` on every rank; rank 0 writes the manifest and renames the folder.
+A checkpoint counts only under its final name with a complete manifest, so a crash leaves the previous one the
+newest (``recover_replaced`` puts back a re-saved step's ``step_X.old``). Everything is read back with
+``torch.load(weights_only=True)``. The guarantees users rely on: docs/checkpoints.md#reliability.
 """
 from __future__ import annotations
 
@@ -345,10 +343,10 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
     """``optimizer.load_state_dict(state)``, keeping this build's choice of how the update runs.
 
     torch restores every saved param-group value, including ``foreach``, ``fused``, ``capturable`` and
-    ``differentiable``, which say how the update is computed, not what it computes. A checkpoint of a release
-    that left ``foreach`` unset would switch the optimizer built with ``foreach=True`` back to torch's
-    per-tensor loop on a CPU (the same values, about twice the time); so those keys keep the optimizer's own
-    defaults. Every other value (LR, momentum, betas, weight decay, and the state) comes from the checkpoint.
+    ``differentiable``, which say how the update is computed, not what it computes: a checkpoint that left
+    ``foreach`` unset would switch an optimizer built with ``foreach=True`` back to torch's per-tensor loop on a
+    CPU. Those keys keep the optimizer's own defaults; every other value (LR, momentum, betas, weight decay, the
+    state) comes from the checkpoint.
     """
     optimizer.load_state_dict(state)
     for group in optimizer.param_groups:

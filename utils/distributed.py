@@ -1,22 +1,16 @@
 """The process group, every collective of the project, and the autograd Functions built on them.
 
-``pick_device`` and ``init_process_group`` set up a rank as torchrun describes it (training is launched by
-torchrun only; ``bench.local_ranks`` starts local ranks of a function for the benchmarks and tests). Without an initialised process group every helper acts as the one-process identity
-(``get_rank() == 0``, ``get_world_size() == 1``, gathers return their input), so the same code runs in
-one process, under ``torchrun`` with gloo on CPUs, and with NCCL on GPUs (tensors stay on their device).
+``pick_device`` and ``init_process_group`` set up a rank as torchrun describes it (``bench.local_ranks`` starts
+local ranks for the benchmarks and tests). Without a process group every helper is the one-process identity
+(``get_rank() == 0``, ``get_world_size() == 1``, gathers return their input), so the same code runs in one
+process, under torchrun with gloo on CPUs, and with NCCL on GPUs (tensors stay on their device).
 
-Gradient convention of the classification head (``partial_fc``): each rank computes the *same* scalar
-loss, the mean over the *global* batch, but only through its own shard of class centres. The gradient
-of that loss with respect to rank ``r``'s local embeddings is the *sum* over ranks of each rank's
-partial gradient with respect to the gathered batch, which is exactly what a reduce-scatter(sum) of
-those partial gradients delivers. DDP then *averages* the backbone's parameter gradients over the
-``W`` ranks, while the true gradient is their *sum* (each rank back-propagates a disjoint slice of the
-global batch). The head therefore multiplies the local-embedding gradient by ``W``
-(``all_gather_cat(..., grad_scale=W)``) so that DDP's average comes out as the single-process gradient.
-A widely copied "differentiable all_gather" blog post instead divides by ``W`` in the backward pass:
-that treats the W per-shard gradients as replicas of one gradient to be averaged, but they are disjoint
-parts of one sum (the reduce-scatter already combined them), so dividing makes every gradient W² too
-small after DDP: an effective learning rate that silently shrinks with the world size.
+Gradient convention of the head (``partial_fc``): every rank computes the same loss, the mean over the global
+batch, through its own shard of class centres. The gradient of rank r's local embeddings is the sum over ranks of
+their partial gradients for the gathered batch: a reduce-scatter(sum). DDP then averages the backbone's gradients
+over the W ranks where the true gradient is their sum (each rank back-propagates a disjoint slice of the batch),
+so the head multiplies its embeddings' gradient by W (``all_gather_cat(..., grad_scale=W)``). Dividing by W
+instead, as a widely copied "differentiable all_gather" does, makes every gradient W² too small after DDP.
 """
 from __future__ import annotations
 
@@ -219,16 +213,13 @@ def _reduce_scatter_rows(grad: Tensor, sizes: tuple[int, ...], async_op: bool = 
 class EarlyGradient:
     """Lets the one consumer of ``all_gather_cat``'s output start its backward's reduce-scatter early.
 
-    Autograd runs the gather's backward only once the consumer's whole backward has returned; the
-    reduce-scatter then waits for the slowest rank. A consumer that has its input's gradient before the
-    rest of its own backward (the head: the embeddings' gradient comes before the weight's) calls
-    ``start(grad)``: the reduce-scatter is launched asynchronously (gloo's threads on a CPU, NCCL's stream
-    on a GPU) and runs while the consumer computes the rest; the gather's backward then only waits for it.
-    That backward uses the early result only when the gradient autograd hands it is the very tensor that
-    was started (one consumer); otherwise (the output also used elsewhere, so autograd summed gradients)
-    it completes the early one, drops it and reduces the gradient it got, so every rank still runs the
-    same collectives (the graph is the same on every rank). Outside a process group, or when the gather
-    had one rank, ``start`` does nothing.
+    Autograd runs the gather's backward only after the consumer's whole backward, and the reduce-scatter then
+    waits for the slowest rank. A consumer that has its input's gradient first (the head: the embeddings' before
+    the weight's) calls ``start(grad)``, which launches the reduce-scatter asynchronously (gloo's threads on a CPU,
+    NCCL's stream on a GPU); the gather's backward then only waits for it. When autograd hands that backward
+    another tensor (the output was also used elsewhere), it completes the early one, drops it and reduces what it
+    got, so every rank runs the same collectives. Without a process group, or with one rank, ``start`` does
+    nothing.
     """
 
     def __init__(self) -> None:

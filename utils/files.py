@@ -2,8 +2,9 @@
 
 ``atomic_write`` writes through ``<name>.tmp``, fsyncs, renames and fsyncs the folder: a reader sees the old
 file or the new one, never half of one, and a failed write leaves neither a partial file nor its ``.tmp``.
-``staged`` writes the files of a folder where no reader sees them half-written. ``load_tensors`` reads with ``torch.load(weights_only=True)``: a file holding anything but tensors,
-numbers, strings, lists and dicts is refused instead of run. ``load_state_dict`` / ``load_weights`` read
+``staged`` writes the files of a folder where no reader sees them half-written. ``load_tensors`` reads with
+``torch.load(weights_only=True)``: a file holding anything but tensors, numbers, strings, lists and dicts is
+refused instead of run. ``load_state_dict`` / ``load_weights`` read
 backbone weights (ours or the official insightface files) with one clear error on a mismatch.
 """
 from __future__ import annotations
@@ -133,7 +134,8 @@ def load_tensors(path: str | os.PathLike, mmap: bool = False) -> Any:
                          f"and dicts, and loading it could run code, or it is not a torch file "
                          f"({_unpickler_detail(exc)})") from None
     except (RuntimeError, EOFError, OSError) as exc:
-        raise ValueError(f"{path}: cannot be read as a torch file ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+        raise ValueError(f"{path}: cannot be read as a torch file "
+                         f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
 
 
 # The sentences around the detail in torch's weights-only errors (torch 2.6 to 2.14).

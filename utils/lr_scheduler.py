@@ -1,19 +1,11 @@
 """Learning-rate schedule: linear warm-up, then polynomial decay to zero, as a pure function of the step.
 
 ``base_lr * step / warmup_steps`` during warm-up, then ``base_lr * (1 - (step - warmup_steps) /
-(total_steps - warmup_steps)) ** power``. The config key ``lr_power`` sets ``power``: 1 (the default) is the
-linear decay of arcface_torch's current trainer (its ``PolynomialLRWarmup`` built without a power), 2 the
-quadratic decay of its older ``PolyScheduler`` (and of this trainer before ``lr_power`` existed). Here ``step``
-counts optimizer steps (not micro-batches: with gradient accumulation the schedule does not run ahead), and the
-learning rate for the optimizer step with index ``step`` (0-based) is ``lr_at(step, ...)``. Being a function,
-not an object with state, it needs nothing in a checkpoint beyond the step number.
-
-A run continued with a changed schedule goes on from the LR it had reached instead of restarting this curve:
-``trainer.run_state.step_lr`` is where the trainer takes the LR of a step from.
-
-One deliberate difference: with warm-up, arcface_torch's ``PolynomialLRWarmup`` leaves the first update at the
-optimizer's initial learning rate (the peak), because a torch scheduler's constructor takes its step 0 before
-the warm-up branch can apply; here step 0 is the start of the warm-up (0.0). From step 1 on the two agree.
+(total_steps - warmup_steps)) ** power`` (the config's ``lr_power``). ``step`` counts optimizer steps, not
+micro-batches, from 0: the step with index ``step`` trains at ``lr_at(step, ...)``. Being a function, not an
+object with state, it needs nothing in a checkpoint beyond the step. A run continued with a changed schedule
+takes its LR from ``trainer.run_state.step_lr``. How it compares with arcface_torch's schedulers:
+docs/training.md#the-learning-rate-schedule.
 """
 from __future__ import annotations
 

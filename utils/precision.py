@@ -1,17 +1,10 @@
 """Precision: the autocast context, TF32, and the dynamic loss scale of fp16 training.
 
-What runs in which dtype (docs/partial_fc.md, "Precision"): the backbone's body runs under ``torch.autocast`` in the
-trainer's dtype (bf16 or fp16); the layers that produce the embedding run in fp32 outside it (see
-``backbones``); the head's three large products run in the autocast dtype with fp32 accumulation, and
-its log-sum-exp, the loss and both optimizers' updates in fp32. fp32 runs may use TF32 tensor cores for
-matrix products and convolutions on CUDA (``tf32`` key).
-
-``LossScaler`` replaces ``torch.amp.GradScaler`` in the trainer because the trainer has two optimizers
-(the backbone's and the head's, whose gradients differ on every rank) and GradScaler decides for each
-optimizer alone: the head could step while the backbone is skipped, and a rank whose head gradients were
-finite would grow its scale while another backed off. Here the trainer makes one decision per step for
-both optimizers and every rank and reports it to ``update``; the scale rule is GradScaler's, and
-``state_dict`` has GradScaler's keys, so checkpoints of either load into the other.
+The trainer runs the backbone's body under ``torch.autocast`` in its dtype (bf16 or fp16); the models hold no
+precision flag, and which part runs in which dtype is the table in docs/partial_fc.md#precision. ``LossScaler``
+replaces ``torch.amp.GradScaler`` because the trainer makes one skip-or-step decision for both optimizers on every
+rank (``nonfinite_parts``), where GradScaler decides for each optimizer alone; its scale rule and its state_dict
+keys are GradScaler's, so checkpoints of either load into the other (docs/partial_fc.md#one-decision-per-step).
 """
 from __future__ import annotations
 
@@ -171,16 +164,15 @@ class NonFiniteLossError(RuntimeError):
 
 def nonfinite_parts(loss: Tensor, backbone_grads: list[Tensor], head_grad: Tensor | None,
                     bad_samples: int = 0, short_batch: bool = False) -> tuple[list[str], Tensor, bool, bool]:
-    """One decision for both optimizers on every rank: which of the loss, the backbone's gradients and this
-    rank's head gradient (dense, or the values of a sparse one) are not finite on any rank, whether any rank's
-    loader left out a sample it could not read (``bad_samples`` on this rank), and whether any rank's batch was too
-    small to train on (``short_batch`` on this rank).
+    """One decision for both optimizers on every rank: which of the loss, the backbone's gradients and this rank's
+    head gradient (dense, or the values of a sparse one) are not finite on any rank, whether a rank's loader left
+    out a sample it could not read (``bad_samples`` here), and whether a rank's batch was too small to train on
+    (``short_batch`` here).
 
-    Returns ``(names of the non-finite parts, [] when all are finite; the backbone's gradient norm; whether a rank
-    left out a sample; whether a rank's batch was too small)``. The backbone's gradients are equal on every rank
-    after DDP's all-reduce and the loss is the global mean, but the head's gradients and the batches are each rank's
-    own: the five flags are all-reduced (MAX), so every rank skips or steps, or stops, together. Reading them is the
-    one host-device synchronisation of the trainer's step.
+    Returns ``(names of the non-finite parts, [] when all are finite; the backbone's gradient norm; a sample left
+    out; a batch too small)``. The head's gradients and the batches are each rank's own, so the flags are
+    all-reduced (MAX): every rank skips or steps, or stops, together. Reading them is the one host-device
+    synchronisation of the trainer's step.
     """
     norm = torch.nn.utils.get_total_norm(backbone_grads) if backbone_grads else loss.new_zeros(())  # ()
     head = head_grad.sum() if head_grad is not None else loss.new_zeros(())  # () non-finite iff an entry is

@@ -1,19 +1,11 @@
 """Weights & Biases logging: arcface_torch's ``using_wandb`` keys, on rank 0, beside TensorBoard.
 
-``wandb`` is an optional package (``pip install wandb``), imported only when ``using_wandb = True``; the trainer
-checks that it is installed on rank 0 before training starts. The run receives what TensorBoard receives
-(``train/loss``, ``train/lr``, ``train/samples_per_sec``, ``train/grad_scale`` at every progress line and the
-``val/<target>/...`` results), or only the ``val/`` results with ``wandb_log_all = False``; with
-``save_artifacts = True`` each ``model.pt`` written at an epoch end or at the last step becomes a new version of
-the run's model artifact. The run's files go to ``<output>/wandb``; ``WANDB_MODE=offline`` keeps them there
-without a network (``wandb sync`` uploads them later).
-
-A run that cannot start (no network, no login, a wandb that fails to import) is one warning, and so is a run
-that fails later (its first failed call turns it off): training goes on, logging to TensorBoard. Scalars are
-logged against ``trainer/step``, so a continued run may log again the steps it redoes after a crash. The API
-key goes to wandb through its settings (no ``wandb.login``, which would write it to ``~/.netrc``), is removed
-from the command line wandb records, and is never logged nor saved in checkpoints
-(``utils.config.SECRET_KEYS``).
+``wandb`` is optional, imported only when ``using_wandb = True``; the trainer checks that it is installed on rank
+0 before training. The run receives what TensorBoard receives (only the ``val/`` results with ``wandb_log_all =
+False``), logged against ``trainer/step``; with ``save_artifacts`` each ``model.pt`` becomes a version of the run's
+model artifact. A run that cannot start, or fails later, is one warning and training goes on. The API key reaches
+wandb through its settings (no ``wandb.login``, which would write ``~/.netrc``), is removed from the command line
+wandb records, and is never logged nor saved (``utils.config.SECRET_KEYS``). See docs/wandb.md.
 """
 from __future__ import annotations
 
