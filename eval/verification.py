@@ -6,8 +6,8 @@ folds, the accuracy threshold picked on the training folds, and the validation r
 rate of 1e-3; with the "flip" protocol an image's embedding is the sum of the embeddings of the image and
 of its mirror image (``embed(flip=True)``).
 
-The `.bin` reader and writer live with the data (``dataset.verification_set``); ``load_bin``, ``save_bin``
-and their types are importable from here too, as they always were.
+The `.bin` reader and writer live with the data (``dataset.verification_set``); ``load_bin``, ``save_bin`` and
+their types are re-exported here. The table and its units: docs/evaluation.md#verification-sets.
 """
 from __future__ import annotations
 
@@ -97,8 +97,8 @@ def _squared_distance(emb1: np.ndarray, emb2: np.ndarray) -> np.ndarray:
 
 def _folds(n: int, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """(training, test) indices of ``k`` unshuffled folds of ``range(n)``: the test folds are consecutive, the
-    first ``n % k`` of them one longer (sklearn's ``KFold(k, shuffle=False)``; its import costs a training
-    process ~1.7 s of start-up, so only the PCA option imports sklearn)."""
+    first ``n % k`` of them one longer (sklearn's ``KFold(k, shuffle=False)``, without sklearn's import, which
+    slows every process's start-up: only the PCA option imports it)."""
     bounds = np.cumsum([0] + [n // k + (i < n % k) for i in range(k)])
     index = np.arange(n)
     return [(np.concatenate([index[:a], index[b:]]), index[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
