@@ -117,8 +117,10 @@ def main(argv: list[str] | None = None) -> int:
              "+".join(n for n, on in (("channels_last", args.channels_last), ("bf16", args.bf16),
                                       ("compile", args.compile)) if on) or "fp32",
              f"{result['gmacs_per_image']:.3f}",
-             f"{result['train_images_per_s']:.1f} ({args.batch_size / t['max_s']:.1f}-{args.batch_size / t['min_s']:.1f})",
-             f"{result['infer_images_per_s']:.1f} ({args.batch_size / i['max_s']:.1f}-{args.batch_size / i['min_s']:.1f})",
+             f"{result['train_images_per_s']:.1f} "
+             f"({args.batch_size / t['max_s']:.1f}-{args.batch_size / t['min_s']:.1f})",
+             f"{result['infer_images_per_s']:.1f} "
+             f"({args.batch_size / i['max_s']:.1f}-{args.batch_size / i['min_s']:.1f})",
              f"{result['train_tflops']:.3f}", f"{result['mfu']:.1%}" if result["mfu"] else "-",
              f"{result['mfu_measured']:.1%} of {result['bf16_matmul_tflops']:.0f}" if result["mfu_measured"] else "-"]]
     print(markdown_table(["network", "device", "batch", "options", "GMACs/img", "train img/s (range)",

@@ -2,15 +2,11 @@
 
     python bench/bin_memory.py [--images N] [--bin PATH] [--json PATH]
 
-Without ``--bin``, writes a temporary `.bin` of ``N`` synthetic 112x112 JPEGs first (smooth random
-content, quality 90: a few KB each, like the aligned faces of LFW/CFP-FP/AgeDB-30) with
-``dataset.verification_set.save_bin``. The measurement runs in a fresh spawned process, so that heap freed
-while the file was generated cannot be reused by ``load_bin`` unseen: it imports everything and loads a
-2-pair file once (decoder libraries, allocator pools), reads its resident set, calls ``load_bin`` on the file
-and reads the resident set again while holding the result. ``ratio = growth / (N · 3 · 112 · 112)``, one uint8 copy of the images; the
-target is <= 1.15 (the images themselves plus what is left of the encoded bytes). ``peak_ratio`` is the
-high-water mark during the call against the same copy (informative: the encoded file is in memory while
-it is decoded).
+Without ``--bin``, writes a temporary `.bin` of ``N`` synthetic 112x112 JPEGs first (``save_bin``). ``load_bin``
+runs in a fresh spawned process, after a 2-pair load has loaded the decoders, so that no heap freed earlier hides
+its growth. ``ratio = growth / (N · 3 · 112 · 112)``, one uint8 copy of the images (target <= 1.15);
+``peak_ratio`` is the high-water mark during the call against the same copy (informative).
+bench/README.md#verification-sets-in-memory.
 """
 from __future__ import annotations
 
@@ -24,9 +20,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from bench.common import current_rss_bytes, markdown_table, peak_rss_bytes, write_json  # noqa: E402
+from bench.common import current_rss_bytes, markdown_table, peak_rss_bytes, write_json
 
 TARGET = 1.15
 IMAGE_SIZE = (112, 112)
@@ -34,7 +30,7 @@ IMAGE_SIZE = (112, 112)
 
 def synthetic_jpegs(num_images: int, seed: int = 0, quality: int = 90) -> list[bytes]:
     """``num_images`` 112x112 JPEGs of upsampled 8x8 random colour grids: smooth, so they compress to a
-    few KB like real aligned faces (random noise would compress to ~25 KB and overstate the file)."""
+    few KB like real aligned faces (random noise would compress far worse and overstate the file)."""
     from torchvision.io import encode_jpeg
 
     g = torch.Generator().manual_seed(seed)

@@ -1,38 +1,16 @@
 """Partial FC head step against its floor: the three matrix products no implementation can avoid.
 
-    python bench/head.py --num-classes 1000000 --sample-rate 0.1 --world-size 2 --batch-size 128 \
-        --embedding-size 512 --threads 1 [--optimizer sgd|adamw] [--update sampled|all] [--compile] \
+    python bench/head.py --num-classes 1000000 --sample-rate 0.1 --world-size 2 --batch-size 128 \\
+        --embedding-size 512 --threads 1 [--optimizer sgd|adamw] [--update sampled|all] [--compile] \\
         [--dtype fp32|bf16|fp16] [--no-huge-pages] [--device cpu|cuda] [--json PATH]
 
-Spawns ``--world-size`` ranks (gloo on CPU, NCCL on CUDA). Each rank builds the head exactly as
-``train.py`` does (``PartialFC`` + ``build_head_optimizer``) and times one step: forward, backward,
-optimizer update, ``zero_grad(set_to_none=True)``. With ``--dtype bf16|fp16`` the forward runs under the
-trainer's autocast of that dtype on the ranks' device (``utils.precision.autocast``) and the backward outside it,
-as in ``train.py`` (without a loss scale, which multiplies a scalar and allocates nothing of the head's). In the
-same run it times the FLOOR, the step's three matrix products on the sampled rows with the same shapes, dtype
-(fp32, or bf16/fp16 operands and outputs) and threads, into preallocated outputs:
-``logits = E_global @ W_sᵀ``, ``∂E = G @ W_s``, ``∂W = Gᵀ @ E_global``. With ``--compile`` a second head, the
-same with ``compile = True`` (config ``compile_head``), is timed beside the eager one: each repeat runs the eager
-step, the compiled step and the floor, so that load from other processes hits all three alike, and every rank
-starts each timed call together (an untimed barrier before it). The compiled head's first step, which compiles,
-is timed on its own (``compile_s``: that step minus the compiled step's median).
-
-The ranks run the step in lockstep (its collectives wait for the slowest), so a step cannot end before the
-slowest rank's products: each repeat's floor is the LONGEST of the ranks' floors in that repeat and its step the
-longest of their steps; ``ratio = step_s / floor_s`` (medians over the repeats), and ``pair_ratios`` lists each
-repeat's own ratio. On a shared host the ranks' cores run at different speeds from moment to moment: one rank's
-own floor would count the other core's slowness as the head's. ``rank0_ratio`` is rank 0's step over its own
-floor (medians), for comparison.
-
-The ranks run with ``THP_MEM_ALLOC_ENABLE=1`` (PyTorch's transparent huge pages for CPU tensors of 2 MB and
-more; ``--no-huge-pages`` to leave it unset): a step's fresh tensors of tens or hundreds of megabytes otherwise
-cost a page fault per 4 KiB on first write, which no GPU step pays (its caching allocator reuses memory).
-
-Peak memory per rank (``measure_peak``) is the growth of the resident set (CPU) or of CUDA's allocated
-bytes (GPU) from just before a head is built to its high-water mark over construction and the warm-up steps (at
-least two); it is reported against the fp32 shard ``num_local · D · 4`` bytes, rank 0's. The compiled head is
-measured after the eager one, which is still alive (its memory is part of that baseline). Times are medians over
-``--repeats`` steps after ``--warmup`` untimed ones, with (min, max).
+Spawns ``--world-size`` ranks (gloo on CPU, NCCL on CUDA); each builds the head as ``train.py`` does (``PartialFC``
++ ``build_head_optimizer``) and times one step (forward under the ``--dtype`` autocast, backward, optimizer,
+``zero_grad``) alternately with the FLOOR, ``logits = E_global @ W_sᵀ``, ``∂E = G @ W_s``, ``∂W = Gᵀ @ E_global``
+at the step's shapes and dtype. ``ratio = step_s / floor_s``, each repeat counting its slowest rank's step and
+floor (the ranks run in lockstep). With ``--compile`` the head with ``compile_head`` is timed beside the eager one. Peak
+memory per rank is the growth of the resident set (CUDA: allocated bytes) from just before a head is built,
+against the fp32 shard. What each figure means, and the figures: bench/README.md#classification-head-partial-fc.
 """
 from __future__ import annotations
 
@@ -47,12 +25,12 @@ from typing import Any, Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from bench.common import Timing, current_rss_bytes, markdown_table, peak_rss_bytes, time_call, write_json  # noqa: E402
-from bench.local_ranks import run_on_local_ranks  # noqa: E402
-from utils.distributed import barrier  # noqa: E402
-from utils.precision import AUTOCAST_DTYPES, autocast  # noqa: E402
+from bench.common import Timing, current_rss_bytes, markdown_table, peak_rss_bytes, time_call, write_json
+from bench.local_ranks import run_on_local_ranks
+from utils.distributed import barrier
+from utils.precision import AUTOCAST_DTYPES, autocast
 
 
 @dataclass(frozen=True)
@@ -156,9 +134,9 @@ def head_rank(rank: int, world_size: int, cfg: HeadConfig) -> dict[str, Any]:
     label_sets = [torch.randint(0, cfg.num_classes, (B,), generator=gen).to(device) for _ in range(4)]
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
 
-    # One step of a tiny head first: the first optimizer and the first backward load library code
-    # (~200 MB of RSS in torch 2.14, e.g. torch._dynamo via torch.optim) that a trainer has already paid
-    # for its backbone; the figure below is the head's own memory.
+    # One step of a tiny head first: the first optimizer and the first backward load library code (hundreds
+    # of MB of RSS, e.g. torch._dynamo via torch.optim) that a trainer has already paid for its backbone; the
+    # figure below is the head's own memory.
     tiny = PartialFC(ArcFace(), D, 4 * world_size, cfg.sample_rate, seed=cfg.seed, update=cfg.update, device=device)
     tiny_opt = build_head_optimizer(tiny, cfg.optimizer, lr=0.1, momentum=0.9, weight_decay=5e-4)
     with autocast(device, amp):

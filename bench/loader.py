@@ -2,25 +2,12 @@
 
     python bench/loader.py --rec DIR --workers K [--batch-size B] [--images N] [--repeats R] [--json PATH]
 
-Times three pipelines on the same records, one after the other in each of ``--repeats`` rounds:
-
-- the decode loop: the work itself on one core, in this process, no DataLoader: read each record, decode
-  it (``dataset.images.decode``), flip it where the sampler says, normalise it; the rate a loader
-  worker could reach if moving images between processes cost nothing;
-- ours: ``dataset.MXFaceDataset`` + ``dataset.get_dataloader`` (rank 0 of 1, CPU, K workers);
-- a baseline built the usual way: PIL decode, then torchvision ``RandomHorizontalFlip`` / ``ToTensor`` /
-  ``Normalize(0.5, 0.5)`` in a ``DataLoader`` with the same workers and batch size.
-
-Each delivers ``--images`` images (whole epochs repeated as needed); for the loaders the clock starts
-after the first batch, so worker start-up is not counted. ``per core`` divides by ``max(K, 1)``: the K
-workers decode, the main process only collects batches. ``/ decode loop`` is a pipeline's images/s per
-core over the decode loop's in the same round, so a machine busy with other work shifts both; every
-figure is the median over the rounds with (min-max). ``per core`` does not count the main process, which
-normalises batches on another core while the workers decode; ``taskset -c 0 python bench/loader.py ...``
-puts everything on one core for the strict comparison.
-
-Without ``--rec`` a temporary insightface-layout rec of ``--images`` synthetic 112x112 JPEGs (quality
-90) is written first, so the benchmark runs on a fresh machine.
+Times three pipelines on the same records, in each of ``--repeats`` rounds: the decode loop (read, decode, flip,
+normalise on one core, in this process, no DataLoader: what a worker could reach if moving images cost nothing);
+ours (``dataset.MXFaceDataset`` + ``dataset.get_dataloader``, K workers); a baseline built the usual way (PIL,
+then torchvision transforms in a ``DataLoader`` with the same workers and batch size). ``/ decode loop`` is a
+pipeline's images/s per worker over the decode loop's in the same round. Without ``--rec`` a temporary rec of
+synthetic 112x112 JPEGs is written first. What each figure counts, and the figures: bench/README.md#data-loader.
 """
 from __future__ import annotations
 
@@ -35,10 +22,10 @@ from typing import Any, Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-from torch.utils.data import DataLoader, Dataset  # noqa: E402
+import torch
+from torch.utils.data import DataLoader, Dataset
 
-from bench.common import markdown_table, write_json  # noqa: E402
+from bench.common import markdown_table, write_json
 
 NUM_CLASSES = 50  # of a generated rec
 

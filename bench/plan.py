@@ -1,51 +1,16 @@
 """Predicted Partial FC head memory per GPU (or per CPU rank), from the implementation's allocations.
 
-    python bench/plan.py --num-classes 29000000 --gpus 8 --sample-rate 0.1 --embedding-size 512 \
-        --batch-size 128 [--optimizer sgd|adamw] [--dtype fp32|bf16|fp16] [--device cuda|cpu] [--compile-head] \
+    python bench/plan.py --num-classes 29000000 --gpus 8 --sample-rate 0.1 --embedding-size 512 \\
+        --batch-size 128 [--optimizer sgd|adamw] [--dtype fp32|bf16|fp16] [--device cuda|cpu] [--compile-head] \\
         [--json PATH]
 
-The model follows what ``partial_fc/`` allocates in one training step of the eager head (``compile_head =
-False``; ``--compile-head``: the last item below), ``head_update = "sampled"``, with a target-only margin (ArcFace,
-CosFace, ``CombinedMarginLoss`` without inter-class filtering: ``partial_fc.functions.MarginSoftmax``, whose logits
-are never stored) on the rank with the largest shard (rank 0), with ``L = num_local``, ``C = sampled rows`` (``L``
-at ``sample_rate = 1``), ``N = batch_size · gpus`` (the gathered batch), fp32 weights, and ``--dtype`` the step's
-autocast dtype (``fp32``: none; the head's products then take bf16 or fp16 operands, which are 2 bytes either way,
-so bf16 and fp16 allocate alike):
-
-* persistent: ``weight (L, D)``; optimizer state (SGD ``momentum_buffer (L, D)``; AdamW ``exp_avg``,
-  ``exp_avg_sq (L, D)`` and ``step (L,)``). Nothing else is kept between steps.
-* sampling (``sample_rate < 1``, before the products): class ids, their hash keys and two temporaries of
-  the hash ``(L,)`` int64, the top-k values and indices and the sorted index ``(C,)`` int64.
-* forward: the gathered rows ``(C, D)`` fp32 (at ``sample_rate = 1`` the weight itself), up to four ``(C,)`` fp32
-  vectors (the centres' inverse norms and their mask; in the backward ``Σ_b g⊙cos`` and the weight gradient's
-  coefficient), then two ``(N, C)`` fp32 tensors: the cosines and their exponentials, kept for the backward. In
-  bf16/fp16 the product is first an ``(N, C)`` half tensor, copied to the fp32 cosines (1.5 blocks; the half
-  copies of the rows and embeddings are freed when the product returns).
-* backward, fp32: the two ``(N, C)`` tensors while ``g = ∂L/∂cos`` (over the exponentials) and its sums are formed;
-  then the exponentials are released and ``G`` (over the cosines) is the one ``(N, C)`` tensor left for the products.
-  The weight gradient is written over the gathered rows (sampled), or is a fresh ``(L, D)`` tensor (``sample_rate =
-  1``) that lives until the optimizer has used it.
-* backward, bf16/fp16: the products' left operand, an ``(N, C)`` half tensor (bf16 ``G``, fp16 ``g``), and their
-  right one, a ``(C, D)`` half copy of the rows (fp16: of the unit rows), are made while both fp32 ``(N, C)``
-  tensors are alive: 2.5 blocks. On the CPU fp16's unit rows are computed in an fp32 ``(C, D)`` temporary first
-  (PyTorch's CPU kernels cast a result to an output of another dtype through a temporary; CUDA's cast in the kernel:
-  ``--device cpu``). Then both fp32 blocks are released, and the weight gradient's product is a ``(C, D)`` half
-  tensor copied to a fresh ``(C, D)`` fp32 gradient (beside the gathered rows, which the backward still holds), with
-  the left and right operands and the embeddings' half copy ``(N, D)`` alive.
-* optimizer: the gradient is alive; SGD's sampled update gathers the rows' weights and then their momentum into
-  one ``(C, D)`` work tensor (its decay term is written over the gradient), a dense update nothing; AdamW's
-  sampled update gathers the rows of the weight and both moments and one ``(C, D)`` temporary, a dense update one
-  ``(L, D)`` temporary.
-* communication: the gathered embeddings ``(N, D)`` and their normalised copy, the embedding gradient
-  ``(N, D)`` and the reduce-scatter output ``(B, D)``.
-* ``--compile-head`` (config ``compile_head``): Inductor's graph of ``softmax_statistics`` materialises the logits
-  and their scattered copy as two ``(N, C)`` fp32 buffers beside the cosines and the exponentials while it runs
-  (4 blocks), and that of ``softmax_gradient`` one ``(N, C)`` buffer beside both (3 blocks).
-
-The peak is the largest of the sampling, forward, backward and optimizer phases. ``tests/test_bench.py`` checks it
-against ``bench/head.py``'s measured peak (RSS growth, ``--dtype`` for the autocast dtype) on small CPU runs: fp32
-within 5 %, bf16 and fp16 within 10 % (three shapes); ``make gpu-check`` checks the eager and the compiled head on a
-GPU (docs/gpu_check.md).
+``predict`` follows what ``partial_fc/`` allocates in one training step of the eager head (``--compile-head``: the
+buffers the compiled graphs add), ``head_update = "sampled"``, a target-only margin (``MarginSoftmax``, whose logits
+are never stored), on rank 0 (the largest shard): ``L = num_local``, ``C`` the sampled rows, ``N = batch_size ·
+gpus`` the gathered batch, fp32 weights, ``--dtype`` the step's autocast. Each phase (sampling, forward, backward,
+optimizer) adds its tensors to the persistent weight and optimizer state; the peak is the largest phase.
+``tests/test_bench.py`` holds it to ``bench/head.py``'s measured peak on the CPU, ``make gpu-check`` on a GPU. Every
+tensor the plan counts, phase by phase: bench/README.md#head-memory-plan.
 """
 from __future__ import annotations
 
@@ -57,8 +22,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import markdown_table, write_json  # noqa: E402
-from partial_fc import class_partition, sample_size  # noqa: E402
+from bench.common import markdown_table, write_json
+from partial_fc import class_partition, sample_size
 
 FP32, HALF, INT64 = 4, 2, 8
 OPTIMIZERS = ("sgd", "adamw")
@@ -86,8 +51,9 @@ class Plan:
 def predict(num_classes: int, world_size: int, sample_rate: float, embedding_size: int, batch_size: int,
             optimizer: str = "sgd", dtype: str = "fp32", device: str = "cuda", compile_head: bool = False) -> Plan:
     """Predicted head memory of rank 0 (the largest shard); ``batch_size`` is per rank, ``dtype`` the autocast dtype
-    of the step (``fp32``: none), ``device`` ``cuda`` or ``cpu`` (the CPU's fp16 adds one temporary, see above),
-    ``compile_head`` the head with ``compile = True`` (its compiled graphs' buffers, see above)."""
+    of the step (``fp32``: none), ``device`` ``cuda`` or ``cpu`` (the CPU's fp16 casts through one more fp32
+    ``(C, D)`` temporary), ``compile_head`` the head with ``compile = True`` (its compiled graphs' ``(N, C)``
+    buffers)."""
     if optimizer not in OPTIMIZERS or dtype not in DTYPES or device not in DEVICES:
         raise ValueError(f"bench/plan.py: optimizer={optimizer!r} dtype={dtype!r} device={device!r}; expected "
                          f"{'|'.join(OPTIMIZERS)}, {'|'.join(DTYPES)} and {'|'.join(DEVICES)}")

@@ -1,21 +1,13 @@
-"""Training and evaluation data: formats, datasets and the training loader.
+"""Training and evaluation data: formats, datasets and the training loader (``from dataset import ...``).
 
-``from dataset import MXFaceDataset, build_dataset, get_dataloader, ...`` keeps working as it did when this
-was one module; the code lives in modules named for what they are:
+- ``images``: decoding and the one normalisation ``(x - 127.5) / 127.5``; ``recordio``: MXNet RecordIO without
+  MXNet, its layouts and the one checker; ``identity_folders``: the one rule of a folder of identity folders;
+- ``faces``: the datasets (``build_dataset``); ``loader``: the distributed, resumable loader (``get_dataloader``);
+  ``dali``: the optional GPU-decode loader; ``build``: the loader a run asks for and what the data holds;
+- ``verification_set``: the `.bin` reader (restricted unpickler) and writer; ``synthetic_faces``: generated
+  identities in the real formats; ``rec_from_images``, ``rec_copy``, ``inspection``: what the rec tools do.
 
-- ``dataset.images``: decoding, resizing, and the one normalisation ``(x - 127.5) / 127.5``;
-- ``dataset.recordio``: MXNet RecordIO without MXNet, the dataset layouts, and the one RecordIO checker;
-- ``dataset.faces``: ``MXFaceDataset``, ``ImageFolderDataset``, ``SyntheticDataset``, ``build_dataset``;
-- ``dataset.identity_folders``: the one rule of a folder of identity folders, which every reader of one uses;
-- ``dataset.rec_from_images`` and ``dataset.inspection``: what ``make_rec.py`` writes and ``rec_info.py`` reports;
-- ``dataset.loader``: the distributed, resumable sampler and loader (``get_dataloader``);
-- ``dataset.build``: the training loader a config asks for (``build_data``) and what the data holds
-  (``data_identity``);
-- ``dataset.dali``: the optional GPU-decode loader (NVIDIA DALI, imported only when asked for);
-- ``dataset.verification_set``: the verification ``.bin`` reader (restricted unpickler) and writer;
-- ``dataset.synthetic_faces``: synthetic identities written in the real formats, for demos and tests.
-
-This package imports only ``utils`` from the project (and torch, torchvision, numpy, PIL).
+This package imports only ``utils`` from the project. The formats and the loader: docs/data.md.
 """
 from __future__ import annotations
 

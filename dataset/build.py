@@ -1,5 +1,5 @@
 """The training loader a run asks for (DALI's or ours over the dataset ``rec`` names), and what the data holds
-(``data_identity``: what a checkpoint's fingerprint records of it)."""
+(``data_identity``: what a checkpoint's fingerprint records of it). docs/data.md#training-inputs."""
 from __future__ import annotations
 
 import hashlib
@@ -57,9 +57,9 @@ def data_identity(rec: str) -> str:
 
 
 def legacy_data_identity(rec: str) -> str | None:
-    """The identity releases before the one identity-folder rule gave an image folder (every file under it, hidden
-    and system files too), when it differs from ``data_identity``'s: a checkpoint that recorded it is the same
-    data's. None for a RecordIO or synthetic dataset."""
+    """An image folder's identity taken over every file under it, hidden and system files too, when it differs
+    from ``data_identity``'s: the same data, as checkpoints that recorded that form name it. None for a RecordIO
+    or synthetic dataset."""
     root = Path(rec)
     if rec == "synthetic" or (root / "train.idx").is_file() or not root.is_dir():
         return None

@@ -1,23 +1,15 @@
 """The optional GPU-decode loader (NVIDIA DALI), fed by index, with the trainer's loader interface and bad-data rules.
 
-Two layers:
+- ``RecordBatches`` (no DALI): rank ``r``'s batch ``k`` of epoch ``e``, samples and flips from ``FaceSampler``,
+  records read by ``MXFaceDataset.raw`` and checked before DALI sees them (the record, and the image's kind and
+  size from its JPEG frame header or PNG ``IHDR``);
+- ``DaliLoader``: a DALI pipeline fed those batches through ``fn.external_source``, which decodes them on the GPU
+  (nvJPEG), mirrors and normalises; a batch that fails the checks or DALI's decoder is read on the host by the
+  PyTorch loader's ``read_leaving_out`` instead, its bad samples named in ``take_problems()``.
 
-- ``RecordBatches`` (no DALI): which samples batch ``k`` of epoch ``e`` holds on rank ``r``, in order and with
-  their flips, taken from ``FaceSampler`` (the sampler ``FaceDataLoader`` uses), and those records' encoded
-  bytes and labels, read by ``MXFaceDataset.raw`` and checked before DALI sees them: the record itself (magic,
-  length, header, label), and the image's kind and size read from its JPEG frame header or PNG ``IHDR``;
-- ``DaliLoader``: a DALI pipeline fed the batches that pass through ``fn.external_source``, which decodes them on
-  the GPU (nvJPEG), mirrors the flipped ones and normalises with ``PIXEL_MEAN``/``PIXEL_STD``. A batch that fails
-  the checks, or that DALI fails to decode, is read by the PyTorch loader's own ``read_leaving_out`` instead:
-  its bad samples are left out, each named by file and record in ``take_problems()``, and the trainer stops or
-  skips them (``skip_bad_images``) as with the PyTorch loader; DALI resumes at the next batch.
-
-A DALI run therefore trains on the batches ``FaceDataLoader`` gives for the same seed, epoch, rank and world
-size (only the decoders' rounding differs), and ``set_epoch(epoch, start_step)`` starts at batch ``start_step``
-without reading or decoding a record of the batches before it. docs/data.md ("DALI") says what differs.
-
-``nvidia.dali`` is imported only when the loader is built or iterated, so the package is needed only by runs
-with ``dali = True``.
+So a DALI run trains on ``FaceDataLoader``'s batches for the same seed, epoch and ranks, and resumes at any step
+without reading the batches before it. ``nvidia.dali`` is imported only when the loader is built or iterated.
+docs/data.md#dali says what differs.
 """
 from __future__ import annotations
 
@@ -89,14 +81,11 @@ class EncodedBatch:
 
 
 class RecordBatches:
-    """The batches of one rank, by index: sample indices and flips from ``FaceSampler``, bytes and labels read
-    by ``MXFaceDataset.raw`` and checked. What ``DaliLoader`` feeds DALI, with no DALI in it.
+    """The batches of one rank, by index, with no DALI in it: what ``DaliLoader`` feeds DALI.
 
-    The sampler is built as ``FaceDataLoader`` builds it (``drop_last``), so batch ``k`` of an epoch holds
-    ``FaceDataLoader``'s batch ``k`` samples, labels and flips. Either RecordIO layout reads: the dataset
-    knows the image keys, so the insightface header and identity-range records are never read as images.
-    After ``set_epoch(epoch, start_step)`` iteration yields batches ``start_step .. len() - 1`` and reads only
-    their records.
+    The sampler is built as ``FaceDataLoader`` builds it (``drop_last``), so batch ``k`` holds ``FaceDataLoader``'s
+    batch ``k`` samples, labels and flips; either RecordIO layout reads (the dataset knows the image keys). After
+    ``set_epoch(epoch, start_step)`` iteration yields batches ``start_step .. len() - 1``, reading only theirs.
     """
 
     def __init__(self, dataset: MXFaceDataset, batch_size: int, *, rank: int, world_size: int, seed: int):
@@ -153,15 +142,11 @@ def _import_dali():
 
 class DaliLoader:
     """Iterates ``(images float32 (B, 3, H, W) normalised, labels int64 (B,))`` on the GPU (``device_id``; None: a
-    CPU pipeline on the CPU): ``RecordBatches`` decoded by DALI, with the trainer's loader interface.
+    CPU pipeline on the CPU): ``RecordBatches`` decoded by DALI, with ``FaceDataLoader``'s interface and batches.
 
-    ``len()`` is the number of batches per rank per epoch; after ``set_epoch(epoch, start_step)`` iteration
-    yields batches ``start_step .. len() - 1`` of that epoch, ``FaceDataLoader``'s batches for the same seed,
-    rank and world size. A batch that fails ``RecordBatches``' checks, or that DALI fails to decode, is read by
-    ``read_leaving_out`` as ``FaceDataLoader`` reads it: ``B' < B`` samples (0 when none reads), and
-    ``take_problems()`` returns one line per sample left out since the last call. Each run of good batches gets
-    its own pipeline, so an iteration left before its end, or a pipeline DALI gave up on, leaves nothing
-    prefetched for the next.
+    A batch that fails ``RecordBatches``' checks, or that DALI fails to decode, is read by ``read_leaving_out``:
+    ``B' < B`` samples (possibly 0), one ``take_problems()`` line per sample left out. Each run of good batches
+    gets its own pipeline, so an iteration left early, or a pipeline DALI gave up on, leaves nothing prefetched.
     """
 
     def __init__(self, batches: RecordBatches, device_id: int | None, num_threads: int = 4):

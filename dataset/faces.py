@@ -3,6 +3,7 @@
 Each returns ``(uint8 (3, H, W) RGB image tensor, int64 label)``; ``build_dataset`` picks one from the
 config's ``rec`` value. The loader (``dataset.loader``) batches, flips and normalises them; the RecordIO and
 image-folder datasets also read a whole batch per call (``read_batch``), which is what a loader worker calls.
+The inputs a config can name: docs/data.md#training-inputs.
 """
 from __future__ import annotations
 

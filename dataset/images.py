@@ -55,8 +55,8 @@ def decode_many(data: Sequence[bytes], where: Sequence[str], image_size: tuple[i
     """``[decode(d, w, image_size) for d, w in zip(data, where)]``: the same images, faster. With several bad
     images the error may name another of them than the loop would (undecodable JPEGs are found first).
 
-    All the JPEGs go to the decoder in one call, their bytes in one buffer: torchvision's per-call checks
-    and one buffer per image cost ~5-10% of decoding a 112x112 face. Other formats take ``decode``.
+    All the JPEGs go to the decoder in one call, their bytes in one buffer: torchvision's per-call checks and
+    one buffer per image are a noticeable share of decoding a 112x112 face. Other formats take ``decode``.
     """
     if len(data) != len(where):
         raise ValueError(f"decode_many: {len(data)} images but {len(where)} names")

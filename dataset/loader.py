@@ -1,18 +1,11 @@
 """The training loader: a distributed, resumable sampler and batches normalised on the training device.
 
-``get_dataloader`` turns a dataset of uint8 images into batches of ``float32 NCHW`` images normalised by
-``dataset.images.normalise`` on the training device:
-
-- a sampler that shuffles with ``torch.Generator`` seeded by ``seed + epoch``, gives every rank the same
-  number of batches and can start an epoch at any step (``set_epoch(epoch, start_step)``), so a resumed
-  run sees exactly the batches an uninterrupted run would have seen;
-- a horizontal flip that is a function of ``(seed, epoch, sample index)`` only, decided by the sampler
-  in the main process, so it does not depend on ``num_workers``, worker seeding or resumption;
-- a worker gets one batch per call, ``(indices, flips)``, and returns it as one uint8 tensor: datasets
-  with ``read_batch`` (RecordIO, image folder) decode the whole batch in one call, others are read sample
-  by sample; either way there are no per-sample tensors to collate (``dataset.images.stack_flipped``);
-- uint8 batches cross the worker pipe and the host-to-device copy (4x fewer bytes than float32), and
-  are normalised on the device; on CUDA the copy and normalisation run one batch ahead on a side stream.
+``get_dataloader(dataset, ...)`` yields ``(float32 (B, 3, H, W), int64 (B,))`` batches. ``FaceSampler`` decides
+each epoch's order and flips from ``(seed, epoch, sample)`` alone, in the main process, so resuming at any step
+(``set_epoch(epoch, start_step)``), any ``num_workers`` or world size sees the same batches. A worker reads one
+whole batch per call (``read_leaving_out``) into one uint8 tensor; uint8 crosses the worker pipe and the
+host-to-device copy (4x fewer bytes than float32) and is normalised on the device (``dataset.images.normalise``),
+on CUDA one batch ahead on a side stream. docs/data.md#how-the-loader-reads.
 """
 from __future__ import annotations
 

@@ -1,27 +1,16 @@
 """MXNet RecordIO (``.rec`` + ``.idx``) without MXNet: the format, the dataset layouts, and the one checker.
 
-The names follow ``mxnet.recordio`` so that users can switch without relearning them: ``IRHeader``,
-``pack``, ``unpack`` and ``IndexedRecordIO`` (``MXIndexedRecordIO``'s ``keys``, ``read_idx``,
-``write_idx``, ``close``). The byte layout is dmlc-core's:
+``IRHeader``, ``pack``, ``unpack`` and ``IndexedRecordIO`` keep ``mxnet.recordio``'s names. dmlc-core's byte layout:
 
     record  = magic (uint32 0xced7230a) | lrec (uint32: cflag << 29 | length) | data | zero pad to 4
     payload = IRHeader ``<IfQQ`` (flag, label, id, id2) | flag float32 label values | image bytes
 
-A payload that contains the magic at a 4-aligned offset is stored as several parts (cflag 1 first,
-2 middle, 3 last) with the magic itself left out; the reader joins them and puts the magic back. The
-writer splits exactly where dmlc-core's ``RecordIOWriter::WriteRecord`` does, so files written here
-are byte-identical to MXNet's.
-
-Reading is safe in DataLoader workers: the ``.rec`` file descriptor is opened lazily per process
-(a forked worker notices the pid change and opens its own) and read with ``os.pread``, so no file
-offset is ever shared between processes.
-
-Dataset folders (``train.rec``, ``train.idx``, optional ``property``) come in two layouts: insightface's
-(record 0 is a header, identity-range records follow the images) and im2rec's (every record an image);
-``detect_layout`` tells them apart. Their checks are written once, here: ``open_rec_folder`` (what can be
-known without reading every record), ``read_image_record`` (one image record and its label) and
-``check_records`` (every record, decoded). ``dataset.MXFaceDataset`` raises the first problem they find;
-``scripts/rec_info.py --check`` lists them all.
+A payload holding the magic at a 4-aligned offset is split there (cflag 1 first, 2 middle, 3 last, the magic left
+out), as dmlc-core's writer splits it: files written here are MXNet's bytes. The ``.rec`` is read with
+``os.pread`` from a descriptor opened per process, so DataLoader workers share no file offset. ``detect_layout``
+tells insightface's layout (a header record) from im2rec's; ``open_rec_folder``, ``read_image_record`` and
+``check_records`` are the one set of checks: the dataset raises the first problem, ``rec_info.py --check`` lists
+them all. docs/data.md#the-rec-tools.
 """
 from __future__ import annotations
 
@@ -451,9 +440,9 @@ def open_rec_folder(root: str | os.PathLike, read_last: bool = True) -> RecFolde
 
     Collected in ``problems`` (in this order): index offsets past the end of the ``.rec``; with
     ``read_last``, the record at the largest offset (one read that finds a ``.rec`` cut short); a damaged
-    header record; no image record at all; an unreadable ``property``; ``property`` and the header record disagreeing on the
-    class count. A missing file (or a folder in its place) raises ``FileNotFoundError``, an index that does not parse
-    ``RecordIOError``: nothing can be checked then.
+    header record; no image record at all; an unreadable ``property``; ``property`` and the header record
+    disagreeing on the class count. A missing file (or a folder in its place) raises ``FileNotFoundError``, an index
+    that does not parse ``RecordIOError``: nothing can be checked then.
     """
     root = Path(root)
     rec_path, idx_path = root / "train.rec", root / "train.idx"

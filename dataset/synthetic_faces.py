@@ -1,18 +1,12 @@
 """Synthetic face identities rendered as aligned 112x112 RGB crops, for demos and tests without real data.
 
-An identity is a set of face parameters (outline, eyes, brows, nose, mouth, skin tone, hair, glasses, beard,
-moles) drawn from an RNG keyed by ``(seed, identity)``, so identity ``i`` is the same whatever else is
-generated. An image renders the identity under nuisances a recognition model must learn to ignore: in-plane
-rotation, scale, shift, a fake yaw (inner features slide sideways), expression (smile, open mouth, raised
-brows, half-closed eyes), background, illumination gradient, brightness/contrast, colour jitter, blur,
-noise, occlusion and JPEG quality. Each image's nuisances come from an RNG keyed by
-``(seed, split, identity, image index)``: same seed, byte-identical JPEGs, in any order or process count.
-
-Rendering is vectorised numpy on a pixel grid: every part is a soft-edged signed-distance mask (ellipse,
-ring, thick curve) evaluated only inside the part's bounding box, alpha-composited back to front.
-
-Identity id ranges keep the splits disjoint, as real protocols do: training identities are
-``0 .. num_classes-1``; verification identities live from ``EVAL_ID_BASE[kind]`` upward.
+An identity is a set of face parameters (``identity_params``) drawn from an RNG keyed by ``(seed, identity)``;
+an image renders it (``render``) under per-image nuisances (``NuisanceConfig``: pose, expression, lighting,
+blur, noise, occlusion, JPEG quality) from an RNG keyed by ``(seed, split, identity, image index)``: the same
+seed gives byte-identical JPEGs in any order or process count. Every part is a soft-edged signed-distance mask
+evaluated only inside its bounding box, alpha-composited back to front. Training identities are
+``0 .. num_classes-1``, verification ones start at ``EVAL_ID_BASE[kind]``, so the splits are disjoint.
+``write_dataset`` writes the real formats. docs/data.md#synthetic-identities.
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ Python 2 store the images as ``str``. The files come from the internet, so they 
 unpickler that can only build the few types the format needs (bytes, numpy arrays and scalars, bools; an
 image array that is not uint8 is refused after unpickling); any other global in the file is refused before
 anything from the file runs. A new set is written from a text file of image pairs (``read_pairs``, ``read_images``,
-``save_bin``: ``scripts/make_bin.py``).
+``save_bin``: ``scripts/make_bin.py``). docs/evaluation.md#verification-sets.
 """
 from __future__ import annotations
 
@@ -167,16 +167,13 @@ def _decode_into(out: torch.Tensor, encoded: list[torch.Tensor], start: int, sou
 
 
 def load_bin(path: str | os.PathLike, image_size: tuple[int, int] = (112, 112)) -> BinData:
-    """Read a verification `.bin`; return ``BinData(images, issame)``.
+    """Read a verification `.bin`: ``BinData(images uint8 (2·P, 3, H, W) RGB, issame: P bools)``.
 
-    ``images`` is a uint8 tensor (2·P, 3, H, W), RGB, the only copy of the decoded set (the flip protocol
-    mirrors batches when it embeds them); ``issame`` holds P Python bools. Images whose size differs from
-    ``image_size`` (H, W) are resized. The encoded bytes are released chunk by chunk as they are decoded, so
-    what stays resident is about that one copy and the heap the encoded file took (``bench/bin_memory.py``
-    measures it). Raises ``FileNotFoundError`` for a missing file, ``BadBinError``
-    (a ``ValueError``) whose message starts with the path for a truncated or malformed file or an image
-    that does not decode, and ``RefusedGlobal`` (a ``pickle.UnpicklingError``) for a file that refers to
-    anything other than bytes, numpy arrays and bools.
+    ``images`` is the only copy of the decoded set (resized where not ``image_size`` (H, W)); the encoded bytes
+    are released chunk by chunk as they are decoded (``bench/bin_memory.py`` measures what stays resident).
+    ``FileNotFoundError`` for a missing file, ``BadBinError`` (a ``ValueError``, starting with the path) for a
+    truncated or malformed file or an image that does not decode, ``RefusedGlobal`` (a
+    ``pickle.UnpicklingError``) for a file that refers to anything but bytes, numpy arrays and bools.
     """
     path = Path(path)
     if (problem := path_problem(path)) is not None:
@@ -184,7 +181,8 @@ def load_bin(path: str | os.PathLike, image_size: tuple[int, int] = (112, 112)) 
     obj = unpickle_bin(path)
     if not (isinstance(obj, tuple) and len(obj) == 2):
         raise BadBinError(f"{path}: not a verification file: expected a pickled 2-tuple (bins, issame_list), got "
-                          f"{type(obj).__name__}" + (f" of length {len(obj)}" if isinstance(obj, (tuple, list)) else ""))
+                          f"{type(obj).__name__}"
+                          + (f" of length {len(obj)}" if isinstance(obj, (tuple, list)) else ""))
     bins, issame = obj
     if not all(isinstance(x, (list, tuple)) for x in (bins, issame)):
         raise BadBinError(f"{path}: not a verification file: expected (list of images, list of booleans), got "

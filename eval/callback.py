@@ -1,9 +1,8 @@
-"""Verification during training: score the backbone on `.bin` pair sets every N steps (rank 0).
+"""Verification during training: score the backbone on `.bin` pair sets every N steps, on rank 0.
 
-The trainer calls the callback on every rank. Rank 0 evaluates while the other ranks wait at a
-barrier, so the trainer must create its process group with a timeout longer than one evaluation
-(a few minutes for LFW + CFP-FP + AgeDB-30 with an r100 on one GPU); the default 10-30 minutes of
-``init_process_group`` is enough.
+Every rank calls the callback; rank 0 evaluates while the others wait at a barrier, so the process group's
+timeout must outlast one evaluation (``init_process_group``'s default, 10-30 minutes, does). What it logs and
+where: docs/evaluation.md#verification-sets.
 """
 from __future__ import annotations
 
@@ -37,15 +36,11 @@ class ScalarWriter(Protocol):
 class CallbackVerification:
     """Scores the backbone on ``<rec_prefix>/<target>.bin`` for every target in ``val_targets``.
 
-    The files are loaded once, at construction, on rank 0 only (other ranks hold nothing); every rank must
-    construct it (a collective tells them which targets rank 0 found: ``targets``). A missing file is
-    skipped with one warning; an unreadable one (damaged, refused by the safe unpickler, not readable by
-    this user) raises ``ValueError`` on every rank. ``device``: where the
-    decision travels (the training device: NCCL needs a CUDA tensor).
-    ``best[target]`` is the highest flip accuracy seen so far; ``nfolds`` is the number of
-    cross-validation folds (10 in the published protocol). ``autocast_dtype``: the backbone's body runs
-    under that autocast (the trainer passes its bf16/fp16, so a mixed-precision run is verified as it
-    computes); None: fp32.
+    Every rank constructs it; the files are loaded once, on rank 0 only, and a collective on ``device`` (the
+    training device: NCCL needs a CUDA tensor) tells the others which it found (``targets``). A missing file is
+    skipped with one warning; an unreadable one raises ``ValueError`` on every rank. ``best[target]``: the best
+    flip accuracy so far; ``nfolds``: the protocol's folds (10 published); ``autocast_dtype``: the body's autocast
+    (the trainer's bf16/fp16, so a mixed-precision run is verified as it computes), None for fp32.
     """
 
     def __init__(self, val_targets: Sequence[str], rec_prefix: str | os.PathLike,

@@ -1,4 +1,4 @@
-"""``python -m eval.ijb``: the name ``scripts/ijb.py`` had before the command-line tools moved to ``scripts/``.
+"""``python -m eval.ijb``, a second name for ``scripts/ijb.py`` that users' commands and docs use.
 
 Run as a module it runs that script with the same arguments (by its path: a library module imports no tool);
 imported, it defines nothing. The protocol is ``eval.ijb_protocol``.

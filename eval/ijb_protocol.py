@@ -1,16 +1,10 @@
 """IJB-B / IJB-C 1:1 verification (template to template): the protocol, on the released folder layout.
 
-``DATA_DIR`` holds ``loose_crop/`` (the images) and ``meta/`` with, for ``t = target.lower()``:
-``{t}_face_tid_mid.txt`` (image name, template id, media id per line), ``{t}_template_pair_label.txt``
-(template 1, template 2, 1 = same person / 0) and ``{t}_name_5pts_score.txt`` (image name, 5 landmarks as
-x1 y1 ... x5 y5 in the loose crop, detector faceness score), all space-separated.
-
-Protocol (as published for ArcFace): every face is aligned to the 112×112 ArcFace five-point template by a
-least-squares similarity transform (``alignment.align_face``, as the training data is aligned); its feature is
-the sum of the features of the face and of its mirror image, scaled by the faceness score (not normalised); the
-features of one media (video or photo) are averaged, the media features of a template summed, and the template
-feature L2-normalised; a pair's score is the cosine of its two templates. Reported: TAR at FAR 1e-6 ... 1e-1
-from the ROC. ``scripts/ijb.py`` runs it from the command line.
+``read_meta`` reads ``DATA_DIR/meta/{t}_*.txt``; ``AlignedFaces`` aligns the ``loose_crop/`` images onto the ArcFace
+template (``alignment.align_face``, as the training data is aligned); ``image_features`` embeds each crop plus its
+mirror image; ``template_features`` averages the (faceness-weighted) features per media and sums them per template;
+``pair_scores`` and ``tar_at_far`` give TAR at FAR 1e-6 ... 1e-1. ``evaluate_ijb`` runs it all;
+``scripts/ijb.py`` is the command. The files and the protocol: docs/evaluation.md#ijb-b--ijb-c.
 """
 from __future__ import annotations
 

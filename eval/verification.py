@@ -6,8 +6,8 @@ folds, the accuracy threshold picked on the training folds, and the validation r
 rate of 1e-3; with the "flip" protocol an image's embedding is the sum of the embeddings of the image and
 of its mirror image (``embed(flip=True)``).
 
-The `.bin` reader and writer live with the data (``dataset.verification_set``); ``load_bin``, ``save_bin``
-and their types are importable from here too, as they always were.
+The `.bin` reader and writer live with the data (``dataset.verification_set``); ``load_bin``, ``save_bin`` and
+their types are re-exported here. The table and its units: docs/evaluation.md#verification-sets.
 """
 from __future__ import annotations
 
@@ -97,8 +97,8 @@ def _squared_distance(emb1: np.ndarray, emb2: np.ndarray) -> np.ndarray:
 
 def _folds(n: int, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """(training, test) indices of ``k`` unshuffled folds of ``range(n)``: the test folds are consecutive, the
-    first ``n % k`` of them one longer (sklearn's ``KFold(k, shuffle=False)``; its import costs a training
-    process ~1.7 s of start-up, so only the PCA option imports sklearn)."""
+    first ``n % k`` of them one longer (sklearn's ``KFold(k, shuffle=False)``, without sklearn's import, which
+    slows every process's start-up: only the PCA option imports it)."""
     bounds = np.cumsum([0] + [n // k + (i < n % k) for i in range(k)])
     index = np.arange(n)
     return [(np.concatenate([index[:a], index[b:]]), index[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
@@ -107,14 +107,11 @@ def _folds(n: int, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
 def calculate_roc(embeddings: np.ndarray, actual_issame: Sequence[bool], nrof_folds: int = 10,
                   pca: int = 0, thresholds: np.ndarray | None = None
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """k-fold accuracy of the pairs in ``embeddings`` (2·P, D).
+    """k-fold accuracy of the pairs in ``embeddings`` (2·P, D): ``(tpr, fpr, accuracy, best_thresholds)``.
 
-    For each of ``nrof_folds`` unshuffled folds, the threshold with the best accuracy on the other folds
-    is applied to the fold. With ``pca > 0`` a PCA of that many components is fitted on the training
-    folds' embeddings (both images of every pair) and the distances are taken in its space.
-    Returns ``(tpr, fpr, accuracy, best_thresholds)``: TPR and FPR per threshold (thresholds
-    ``arange(0, 4, 0.01)`` unless given) averaged over the folds, and accuracy and the chosen threshold
-    per fold.
+    Each of ``nrof_folds`` unshuffled folds is scored at the threshold (grid ``arange(0, 4, 0.01)`` unless given)
+    with the best accuracy on the other folds; TPR and FPR per threshold are averaged over the folds, accuracy and
+    threshold are per fold. ``pca > 0``: distances in a PCA of that many components fitted on the training folds.
     """
     emb1, emb2, issame = _pairs(embeddings, actual_issame)
     _check_folds(nrof_folds, issame.size)
@@ -143,11 +140,9 @@ def calculate_val(embeddings: np.ndarray, actual_issame: Sequence[bool], far_tar
                   nrof_folds: int = 10) -> tuple[float, float, float]:
     """Validation rate at a false-accept rate of ``far_target``: ``(val_mean, val_std, far_mean)``.
 
-    Per fold, the threshold (grid ``arange(0, 4, 0.001)``) where the training folds reach
-    ``far_target`` is found by linear interpolation of the training FAR curve, or 0 when the training
-    folds never reach it; VAL and FAR are then measured on the fold. ``np.interp`` is used because the
-    FAR curve repeats values (flat stretches), which SciPy's current ``interp1d`` rejects; on the same
-    curve it gives the threshold the published numbers were computed with.
+    Per fold, the threshold (grid ``arange(0, 4, 0.001)``) where the training folds' FAR curve reaches
+    ``far_target``, linearly interpolated (0 when it never does), gives the fold's VAL and FAR. ``np.interp``,
+    because the curve has flat stretches that SciPy's ``interp1d`` rejects; it gives the published threshold.
     """
     emb1, emb2, issame = _pairs(embeddings, actual_issame)
     _check_folds(nrof_folds, issame.size)
@@ -178,12 +173,9 @@ def evaluate(embeddings: np.ndarray, actual_issame: Sequence[bool], nrof_folds: 
 def embed(images: torch.Tensor, backbone: nn.Module, batch_size: int, *, flip: bool,
           progress: Callable[[int], None] | None = None) -> np.ndarray:
     """The embeddings (N, D) float64 of uint8 face crops ``images`` (N, 3, H, W): the one way every tool embeds
-    a face. ``flip=True``: each crop's embedding plus that of its mirror image, as the verification protocol
-    computes it (``test``); ``flip=False``: the crop's alone.
-
-    Batch by batch on the backbone's device, in eval mode under ``no_grad`` (the backbone's mode is restored);
-    the mirror images are made per batch there. ``progress(n)`` is called after each batch of n images of each
-    copy (2N images in all with ``flip``).
+    a face. ``flip=True``: each crop's embedding plus its mirror image's (the verification protocol's); False:
+    the crop's alone. Batch by batch on the backbone's device, mirrored there, in eval mode under ``no_grad`` (the
+    mode restored after); ``progress(n)`` after each batch of n images of each copy (2N in all with ``flip``).
     """
     original, *mirrored = _embed_copies(images, backbone, batch_size, (False, True) if flip else (False,), progress)
     return original + mirrored[0] if flip else original
@@ -225,14 +217,11 @@ def _embed_copies(images: torch.Tensor, backbone: nn.Module, batch_size: int, mi
 
 def test(data_set: BinData, backbone: nn.Module, batch_size: int, nfolds: int = 10,
          progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """Verification scores of ``backbone`` on ``data_set = BinData(images, issame)`` from ``load_bin``.
-
-    The embedding of an image is ``embed(flip=True)``'s: the sum of the embeddings of the image and of its mirror
-    image (the published "flip" protocol); eval mode, ``no_grad``, the backbone's mode restored. Returns a dict
-    with ``acc``, ``acc_std`` (mean/std over folds, flip), ``acc_noflip``, ``val``, ``val_std``, ``far`` (at
-    FAR=1e-3, flip), ``xnorm`` (mean L2 norm of the un-normalised embeddings of both copies), ``threshold``
-    (best distance threshold, mean over folds), ``pairs``, and the ROC arrays ``fpr``, ``tpr`` (flip, mean over
-    folds, thresholds 0..4 step 0.01). ``progress(n)`` is called after every batch of n images (2·2·P in all).
+    """Verification scores of ``backbone`` on ``data_set = BinData(images, issame)`` from ``load_bin``, the image
+    embeddings ``embed(flip=True)``'s: ``acc``, ``acc_std`` (over folds, flip), ``acc_noflip``, ``val``, ``val_std``,
+    ``far`` (at FAR=1e-3, flip), ``xnorm`` (mean norm of the un-normalised embeddings of both copies),
+    ``threshold`` (best distance threshold, mean over folds), ``pairs`` and the flip ROC ``fpr``, ``tpr`` (mean
+    over folds, thresholds 0..4 step 0.01). ``progress(n)`` after every batch of n images (2·2·P in all).
     """
     images, issame = data_set
     if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8 or images.dim() != 4:

@@ -1,4 +1,4 @@
-"""``python -m eval.verify``: the name ``scripts/verify.py`` had before the command-line tools moved to ``scripts/``.
+"""``python -m eval.verify``, a second name for ``scripts/verify.py`` that users' commands and docs use.
 
 Run as a module it runs that script with the same arguments (by its path: a library module imports no tool);
 imported, it defines nothing. The protocol is ``eval.verification``.

@@ -7,14 +7,12 @@ at a threshold.
     python scripts/compare.py a_crop.png b_crop.png --onnx r50.onnx --no-align
     python scripts/compare.py A.jpg B.jpg --network r50 --weights backbone.pth --threshold 0.25
 
-The model options are ``eval.model_options``'. Each photo (any size and format, EXIF orientation applied) goes
-through the detection and alignment of the training data (``eval.faces.face_crop``: MTCNN from the optional
-``facenet-pytorch``); ``--no-align`` takes the photos as aligned 112x112 crops (other sizes resized, with a
-warning). The threshold is ``--threshold T`` (a cosine similarity), else the one ``scripts/verify.py
---save-threshold`` wrote into the ``model.json`` beside the model (``--target NAME``'s, else the first), and each
-face is embedded as that threshold was calibrated (``eval.verification.embed``; the flip embedding, the crop's plus
-its mirror image's, without a calibrated one). Prints the similarity and the verdict; with no threshold known the
-second line says how to get one. docs/evaluation.md#raw-photos-and-comparing-two-faces.
+The model options are ``eval.model_options``'. Each photo is aligned as the training data is (MTCNN from the
+optional ``facenet-pytorch``); ``--no-align`` takes them as aligned 112x112 crops. The threshold is ``--threshold
+T`` (a cosine similarity), else the one ``scripts/verify.py --save-threshold`` wrote into the ``model.json`` beside
+the model (``--target NAME``'s, else the first), and the faces are embedded as it was calibrated. Prints the
+similarity and the verdict; with no threshold known the second line says how to get one.
+docs/evaluation.md#raw-photos-and-comparing-two-faces.
 
 Exit status: 0 compared (whatever the verdict, or no threshold known); 2 a usage or configuration error, one
 line: a photo that cannot be read, a photo in which no face is found, ``facenet-pytorch`` not installed (with

@@ -1,18 +1,15 @@
 """`make demo`: the whole product on a CPU in minutes.
 
-1. generates synthetic identities in the real formats (train.rec/idx/property and verification .bin files
-   from identities disjoint from training; cached in the config's `rec` folder),
-2. trains `configs/demo_cpu.py` with `torchrun --nproc_per_node=2` (gloo; Partial FC with sampling),
-3. runs the offline verification CLI on the trained model and on the same network untrained, prints both
-   per target and writes `<output>/results.json`: {"<target>": {"acc": float, "acc_untrained": float}}.
-
-Precision: a config with ``bf16 = True`` (the demo's) trains and verifies in bf16 where the CPU computes
-bf16 in hardware (AVX512-BF16, AMX, Arm BF16); on other CPUs the demo says so and runs fp32 instead
-(``--set bf16=false``), which is faster there. Threads: each training rank gets the machine's cores divided by
-the ranks (``OMP_NUM_THREADS``, whatever the shell says: a value made for one process oversubscribes the cores).
-A failed step stops the demo with its exit code; Ctrl-C or SIGTERM stops the running step too (130, 143).
-
     python scripts/demo.py [--config configs/demo_cpu.py] [--nproc 2] [--pairs 1200]
+
+1. generates synthetic identities in the real formats (cached in the config's `rec` folder),
+2. trains the config with `torchrun --nproc_per_node=2` (gloo), each rank on its share of the cores,
+3. verifies the trained model and the same network untrained, prints both per target and writes
+   `<output>/results.json`: {"<target>": {"acc": float, "acc_untrained": float}}.
+
+A config with ``bf16 = True`` (the demo's) runs fp32 instead where the CPU does not compute bf16 in hardware,
+and says so. A failed step stops the demo with its exit code; Ctrl-C or SIGTERM stops the running step too
+(130, 143). docs/cpu.md#the-demo.
 """
 from __future__ import annotations
 
@@ -46,8 +43,7 @@ def child_env(threads: int, env: dict[str, str] | None = None) -> dict[str, str]
 
 
 def run(cmd: list[str], what: str, threads: int) -> None:
-    """Run a step of the demo with ``threads`` threads per process, streaming its output; stop the demo with its
-    exit code if it fails."""
+    """Run a step of the demo, ``threads`` threads per process, streaming its output; stop the demo if it fails."""
     print(f"\n=== {what}\n$ {' '.join(cmd)}", flush=True)
     _wait([(cmd, what)], [subprocess.Popen(cmd, cwd=ROOT, env=child_env(threads))])
 

@@ -2,14 +2,11 @@
 
     python3 scripts/gpu_check.py [--out work_dirs/gpu_check] [--wheels DIR] [--budget-s 360]
 
-Runs with the machine's own Python and torch and fetches nothing. Packages it needs beyond torch that are missing
-(on GPU nodes usually only ``easydict``) are named before any check runs, and installed from wheel files in
-``--wheels DIR`` into ``<out>/site``, as is nvidia-dali when DIR holds its wheel (docs/gpu_check.md). The checks,
-most important first, within ``--budget-s`` seconds in all (a check that would not fit in what is left is NOT
-VERIFIED, with the seconds it needed): ``pytest -m cuda`` (one line per test; DALI's in one line), two 200-step
-r50 training runs (fp16, bf16), the head at 5M classes eager and with ``compile_head`` (step / floor, and each
-peak against ``bench/plan.py``), 2 ranks with NCCL (on 2 GPUs or more), the r50 backbone benchmark (figures).
-The checks themselves are ``bench/gpu_checks.py``.
+Runs with the machine's own Python and torch and fetches nothing: missing packages are named before any check
+runs, and installed from the wheel files in ``--wheels DIR`` into ``<out>/site``. The checks (``bench/gpu_checks.py``),
+most important first, within ``--budget-s`` seconds (one that would not fit in what is left is NOT VERIFIED):
+``pytest -m cuda``, two 200-step r50 training runs (fp16, bf16), the head at 5M classes, 2 ranks with NCCL (on 2
+GPUs or more), the r50 backbone benchmark. What each runs and how it is judged: docs/gpu_check.md.
 
 Writes ``<out>/report.md`` and ``<out>/report.json``: every check PASS, FAIL or NOT VERIFIED with its reason, the
 figures, and last the verdict. Exit status: 0 verified (the CUDA tests and at least one training run passed, no

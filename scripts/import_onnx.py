@@ -6,11 +6,9 @@
 
 MODEL.onnx is a model-zoo file (buffalo_l's w600k_r50.onnx, antelopev2's glintr100.onnx, buffalo_s's
 w600k_mbf.onnx) or any IResNet or MobileFaceNet that arcface_torch's torch2onnx.py exported. The tool writes
-OUT_DIR/model.pt (the backbone's state dict in arcface_torch's layout) and OUT_DIR/model.json (network, embedding
-size, input normalisation; of the source: its file name, its sha256, how many batch norms the exporter had folded,
-the graph's own input normalisation) together, or nothing. Before writing, the imported backbone and onnxruntime
-embed the same random images and the largest relative difference is printed. docs/finetuning.md: fine-tuning from
-an import, what is carried over and what is not.
+OUT_DIR/model.pt (arcface_torch's layout) and OUT_DIR/model.json (with the source's name, sha256 and folded batch
+norms) together, or nothing, after the import and onnxruntime embed the same random images (the largest relative
+difference is printed). docs/finetuning.md#from-insightfaces-onnx-models: what is carried over, and fine-tuning.
 
 Exit status: 0 written; 1 the imported backbone does not compute what the file does (a relative difference over
 1e-3; nothing written); 2 a file that is not a recognition model this tool imports (one line: what was found and

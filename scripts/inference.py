@@ -8,12 +8,10 @@ in a raw photo (``--align``).
     python scripts/inference.py --onnx work_dirs/ms1mv3_r50/model.onnx --image face.jpg  # the exported model
 
 The model options are ``eval.model_options``' (``--img`` is arcface_torch's name of ``--image``, ``--weight`` an
-abbreviation of ``--weights``). The photo is read upright (EXIF orientation applied, ``alignment.read_photo``),
-as ``scripts/compare.py`` reads it; ``--align`` finds the face (MTCNN, the optional ``facenet-pytorch``) and aligns
-it as ``scripts/prepare_faces.py`` aligns the training data. The embedding is the one the thresholds in the
-``model.json`` beside the model were calibrated on (``scripts/verify.py --save-threshold``: the flip embedding, the
-crop's plus its mirror image's), and the flip embedding without one: the vector ``scripts/compare.py`` scores.
-Prints its size, first normalised values and its norm; ``--output`` saves it unnormalised as a (D,) float32 .npy.
+abbreviation of ``--weights``). ``--align`` finds the face (MTCNN, the optional ``facenet-pytorch``) and aligns it
+as the training data is aligned. The embedding is the vector ``scripts/compare.py`` scores: as the model.json's
+thresholds were calibrated, else the flip embedding (the crop's plus its mirror image's). Prints its size, first
+normalised values and its norm; ``--output`` saves it unnormalised as a (D,) float32 .npy.
 docs/evaluation.md#onnx-export-and-inference.
 
 Exit status: 0 done; 2 a usage or configuration error (a missing or undecodable image, no ``--network`` and no

@@ -4,27 +4,13 @@
     python scripts/make_rec.py --list train.lst --out data/my_rec       # lines: path<TAB>label
     python scripts/make_rec.py --list train.lst --root faces/ --out data/my_rec  # MXNet im2rec's .lst
 
-A list file holds one of two kinds of line, one kind per file: ``path<TAB>label`` with an integer label, or
-the ``index<TAB>label<TAB>path`` that MXNet's ``im2rec --list`` writes (arcface_torch's custom-dataset
-recipe), whose label may be written as a float equal to an integer (``12.000000``); the index is ignored.
-Labels must be >= 0. Relative paths are resolved against --root (default: the list file's folder).
-Either way records are written grouped by label, ascending, and by path within a label.
-
-Every image is decoded first, with the decoder the trainer uses; then the good ones are written (each
-file is read twice). Images are stored as their original bytes and re-encoded (JPEG, quality 95) only
-when they would not load as-is: a format other than JPEG/PNG, or a size other than --image-size (resized).
-
-Messy folders:
-  - a file that cannot be read or decoded is reported on stderr with its path and the reason and left
-    out (--skip-bad, the default); with --no-skip-bad every bad file is listed and nothing is written;
-  - images in sub-folders of an identity folder are that identity's; hidden and system entries
-    (.ipynb_checkpoints, __MACOSX, @eaDir, Thumbs.db, ...) are ignored and named in one line;
-  - an identity folder without a good image (empty, or only bad files) does not become a class: it is
-    left out with a warning, and class ids follow the sorted names of the identity folders that remain;
-  - with --list, labels are kept as written; labels below num_classes that have no good image are
-    listed in a warning (rec_info.py --check warns about them too);
-  - the files are written in a staging folder inside --out and moved into place when complete: a failure
-    or an interruption (Ctrl-C, SIGTERM) leaves no temporary file and the previous rec, if any, as it was.
+A list file holds ``path<TAB>label`` lines or the ``index<TAB>label<TAB>path`` lines of MXNet's ``im2rec --list``,
+one kind per file; relative paths start from --root (default: the list file's folder). An image folder is read as
+training reads it: sub-folders count as their identity's, hidden and system entries are ignored. Every image is
+decoded first; the original bytes are stored, re-encoded (JPEG q95) only when not a JPEG/PNG of --image-size.
+A file that cannot be read or decoded is listed on stderr and left out (--skip-bad, the default; --no-skip-bad
+lists them all and writes nothing); an identity without a good image is no class. The files are staged and
+moved into place when complete. docs/data.md#the-rec-tools has every rule.
 
 Exit status: 0 written (skipped files, if any, listed on stderr); 1 bad data: bad files with
 --no-skip-bad, or not one good image; 2 usage: bad options, a missing folder, a malformed list file, an

@@ -6,14 +6,12 @@
         --bin lfw.bin --head work_dirs/ms1mv3_r50/checkpoints/step_000181000      # the trained class centres
     python scripts/overlap.py --weights work_dirs/ms1mv3_r50 --rec faces/ --bin lfw.bin --drop faces_clean/
 
-Every test image (``--bin``, repeatable) is compared with every training class (``--rec``: a rec or a folder of
-identity folders; a class is the mean of its images' flip embeddings, or with ``--head`` the trained head's
-centres) and listed when its nearest class is above a threshold calibrated against what is compared: training
-images' best similarity to a class other than their own, at ``--far`` per image, so that about FAR x images test
-images of other identities match by chance (``eval.overlap``). stdout is the CSV
-(``bin,image,pair,class,identity,similarity``; ``--csv FILE`` instead), stderr the threshold, one line per set and
-a summary. ``--drop OUT`` writes the training set without the matched classes into the new folder OUT (a rec's
-kept classes renumbered, with ``OUT/class_map.csv``). docs/overlap.md has the details.
+Every image of each ``--bin`` is compared with every class of the training set ``--rec`` (a rec or a folder of
+identity folders; a class is the mean of its images' flip embeddings, or with ``--head`` the trained centres) and
+listed when its nearest class is above a threshold calibrated on training images at ``--far`` per test image
+(``eval.overlap``). stdout is the CSV (``--csv FILE`` instead), stderr the threshold, one line per set and a
+summary; ``--drop OUT`` writes the training set without the matched classes into the new folder OUT.
+docs/overlap.md has the method, the output and its limits.
 
 Exit status: 0 done (whether or not anything matched); 1 bad data, one line naming the file (a ``.bin`` that is
 truncated, not a verification file, holds an image that does not decode or refers to code, a damaged rec, a

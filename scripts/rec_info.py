@@ -3,17 +3,13 @@
     python scripts/rec_info.py data/ms1m-retinaface-t1 [--check]
     python scripts/rec_info.py data/my_faces --check [--workers 4] [--min-images 2]   # a folder per identity
 
---check reads every record, decodes every image and checks every label against num_classes; it lists
-ALL problems found (no image record at all, bad magic, truncated record, index offset past the end,
-undecodable image, label out of range, wrong image size) and exits 1 when there is any. It also warns about
-classes below num_classes that have no image (a class no sample can teach); they do not change the exit status.
-
-An image folder (one folder per identity, sub-folders included, as training reads it): --check reads and
-decodes every image on --workers processes (a progress bar), checks its size (112x112, what training feeds)
-and lists every file that fails, with the reason; it warns about identities with fewer than --min-images
-images, identity folders without an image (no class), files that training ignores (not .jpg/.jpeg/.png) and,
-in one line, the hidden and system entries (.ipynb_checkpoints, __MACOSX, @eaDir, Thumbs.db, ...) it ignores.
-Bad images make the exit status 1; the warnings do not.
+A rec with --check: every record read, every image decoded, every label checked against num_classes; it lists
+ALL problems (no image record, bad magic, truncated record, index offset past the end, undecodable image, label
+out of range, wrong image size) and warns about classes without an image. An image folder, read as training
+reads it: --check decodes every image on --workers processes and lists every file that fails or is not 112x112;
+it warns about identities with fewer than --min-images images, identity folders without an image, files training
+ignores and, in one line, the hidden and system entries ignored. Warnings never change the exit status.
+docs/data.md#the-rec-tools.
 
 Exit status: 0 read (and, with --check, no problem); 1 bad data: problems found, or a rec that cannot be
 opened as one; 2 usage: bad options, a missing folder or file.

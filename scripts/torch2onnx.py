@@ -4,13 +4,11 @@
     python scripts/torch2onnx.py --network r50 --weights backbone.pth --output r50.onnx
     python scripts/torch2onnx.py work_dirs/ms1mv3_r50 --simplify    # as arcface_torch's: writes .../model.onnx
 
-The model options are those of every evaluation tool (``eval.model_options``): without ``--network`` the
-network is read from ``model.json`` beside the weights. As in arcface_torch's script, the weights may also be
-the first argument instead of ``--weights``, a folder means its ``model.pt``, and ``--output`` defaults to
-``model.onnx`` beside the weights; ``--simplify`` runs onnxsim (``pip install onnxsim``) on the exported
-model before it is written. The export runs on the CPU, in fp32. After writing the file, the script runs
-onnxruntime and torch on the same random batch and prints the largest absolute difference of the embeddings;
-the input is a normalised (N, 3, 112, 112) float32 batch.
+The model options are ``eval.model_options``'. As in arcface_torch's script, the weights may also be the first
+argument, ``--output`` defaults to ``model.onnx`` beside them, and ``--simplify`` runs onnxsim (``pip install
+onnxsim``) before the file is written. The export runs on the CPU in fp32 and takes a normalised (N, 3, 112, 112)
+float32 batch; onnxruntime and torch then embed the same random batch and the largest absolute difference is
+printed. docs/evaluation.md#onnx-export-and-inference.
 
 Exit status: 0 written and within --tolerance; 1 the difference exceeds --tolerance; 2 a usage or
 configuration error (no ``--network`` and no ``model.json``, weights that do not fit the network, --simplify

@@ -6,10 +6,9 @@
     python scripts/verify.py --network r50 --random-init 0 --data-dir DIR     # untrained baseline
     python scripts/verify.py --weights work_dirs/ms1mv3_r50 --data-dir DIR --targets lfw --save-threshold
 
-``python -m eval.verify`` runs this script. The protocol is ``eval.verification.test``; the model options are
-``eval.model_options``'. Prints one row per target (pairs, accuracy with and without flip, VAL at FAR 1e-3, XNorm,
-threshold); ``--json`` writes the numbers, ``--roc`` a ROC plot, ``--save-threshold`` each target's calibrated
-threshold into the ``model.json`` beside the model (``eval.model_card``), which ``scripts/compare.py`` reads.
+``python -m eval.verify`` runs this script; the protocol is ``eval.verification.test``, the model options
+``eval.model_options``'. Prints one row per target; ``--json`` writes the numbers, ``--roc`` a ROC plot,
+``--save-threshold`` each target's threshold into the ``model.json`` beside the model, for ``scripts/compare.py``.
 docs/evaluation.md#verification-sets has the details.
 
 Exit status: 0 done; 1 bad data (a `.bin` that is truncated, not a verification file, holds an image that does
