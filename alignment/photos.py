@@ -1,6 +1,8 @@
 """Any photo a user has, as an RGB uint8 tensor, or one error saying what is wrong with it."""
 from __future__ import annotations
 
+import functools
+import io
 import os
 import warnings
 from pathlib import Path
@@ -15,56 +17,99 @@ class PhotoError(ValueError):
     """A photo that cannot be used; the message starts with its path and says why."""
 
 
-def read_photo(path: str | os.PathLike, max_pixels: int = MAX_PIXELS) -> torch.Tensor:
-    """The photo at ``path`` as a (3, H, W) uint8 RGB tensor, upright.
+@functools.cache
+def register_plugins() -> tuple[str, ...]:
+    """Register the optional Pillow plug-ins installed here, so that ``read_photo`` reads their formats too:
+    pillow-heif (HEIC/HEIF, what phones write). Returns the names of those registered; idempotent."""
+    try:
+        from pillow_heif import register_heif_opener
+    except ImportError:
+        return ()
+    register_heif_opener()
+    return ("pillow-heif",)
 
-    Every format Pillow reads (JPEG, PNG, WebP, BMP, TIFF, ...). The EXIF orientation is applied. Grayscale,
-    CMYK and palette images become RGB. Transparent pixels are composited onto white. A 16-bit image is scaled
-    to 8 bits (divided by 257). Raises ``PhotoError`` naming the file for:
-    - a missing or unreadable path;
-    - an empty, truncated or corrupt file, or one that is not an image;
-    - an image of more than ``max_pixels`` pixels (a decompression bomb).
-    """
-    from PIL import Image, ImageOps, UnidentifiedImageError
 
+def read_photo_bytes(path: str | os.PathLike) -> bytes:
+    """The content of the photo file at ``path``; ``PhotoError`` naming it when it cannot be read."""
     path = Path(path)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # max_pixels decides, below
-            with Image.open(path) as image:
-                width, height = image.size
-                if width * height > max_pixels:
-                    raise PhotoError(f"{path}: {width}x{height} pixels is more than the {max_pixels:,} allowed "
-                                     f"(a decompression bomb?)")
-                image.load()
-                image = ImageOps.exif_transpose(image)
-                array = _as_rgb(image, path)
-    except PhotoError:
-        raise
+        return path.read_bytes()
     except FileNotFoundError as exc:
         raise PhotoError(f"{path}: no such file") from exc
     except PermissionError as exc:
         raise PhotoError(f"{path}: not readable (permission denied)") from exc
     except IsADirectoryError as exc:
         raise PhotoError(f"{path}: a folder, not a photo") from exc
+    except OSError as exc:
+        raise PhotoError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+
+
+def read_photo(path: str | os.PathLike, max_pixels: int = MAX_PIXELS, *, data: bytes | None = None) -> torch.Tensor:
+    """The photo at ``path`` as a (3, H, W) uint8 RGB tensor, upright.
+
+    Every format Pillow reads (JPEG, PNG, WebP, BMP, TIFF, PGM/PPM, ..., and HEIC/HEIF with pillow-heif
+    installed: ``register_plugins``). The EXIF orientation is applied. Grayscale, CMYK and palette images become
+    RGB. Transparent pixels are composited onto white. A 16-bit image is scaled to 8 bits (divided by 257).
+    ``data``: the file's content, already read (``read_photo_bytes``); ``path`` then only names it. Raises
+    ``PhotoError`` naming the file for:
+    - a missing or unreadable path;
+    - an empty, truncated or corrupt file, or one that is not an image;
+    - an image of more than ``max_pixels`` pixels (a decompression bomb).
+    """
+    return _tensor(_decode(Path(path), max_pixels, data))
+
+
+def read_photo_reduced(path: str | os.PathLike, longer_side: int, max_pixels: int = MAX_PIXELS, *,
+                       data: bytes | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The photo (as ``read_photo`` reads it) and a copy of it shrunk by the largest whole factor ``k`` that keeps
+    its longer side at least ``longer_side`` pixels: each pixel the mean of a k x k block (Pillow's ``reduce``, a
+    small fraction of the cost of resizing the full tensor), for a detector that needs fewer pixels than the
+    alignment. The copy is the photo itself when ``k`` is 1."""
+    image = _decode(Path(path), max_pixels, data)
+    factor = max(1, max(image.size) // max(1, longer_side))
+    return _tensor(image), _tensor(image.reduce(factor)) if factor > 1 else _tensor(image)
+
+
+def _tensor(image) -> torch.Tensor:
+    """(3, H, W) uint8 of an RGB Pillow image."""
+    return torch.from_numpy(np.ascontiguousarray(np.asarray(image, dtype=np.uint8).transpose(2, 0, 1)))
+
+
+def _decode(path: Path, max_pixels: int, data: bytes | None):
+    """The photo as an upright RGB Pillow image (``read_photo``'s errors)."""
+    from PIL import Image, ImageOps, UnidentifiedImageError
+
+    register_plugins()
+    if data is None:
+        data = read_photo_bytes(path)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # max_pixels decides, below
+            with Image.open(io.BytesIO(data)) as image:
+                width, height = image.size
+                if width * height > max_pixels:
+                    raise PhotoError(f"{path}: {width}x{height} pixels is more than the {max_pixels:,} allowed "
+                                     f"(a decompression bomb?)")
+                image.load()
+                return _as_rgb(ImageOps.exif_transpose(image), path)
+    except PhotoError:
+        raise
     except UnidentifiedImageError as exc:
-        what = "an empty file" if path.stat().st_size == 0 else "not an image Pillow can read"
-        raise PhotoError(f"{path}: {what}") from exc
+        raise PhotoError(f"{path}: {'an empty file' if not data else 'not an image Pillow can read'}") from exc
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise PhotoError(f"{path}: too many pixels (a decompression bomb?): {exc}") from exc
     except (OSError, SyntaxError, ValueError) as exc:  # truncated or corrupt data, as Pillow reports it
         raise PhotoError(f"{path}: cannot decode: {exc}") from exc
-    return torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1)))  # (3, H, W)
 
 
-def _as_rgb(image, path: Path) -> np.ndarray:
-    """(H, W, 3) uint8 of a loaded Pillow image of any mode."""
+def _as_rgb(image, path: Path):
+    """The RGB Pillow image of a loaded one of any mode."""
     from PIL import Image
 
     if image.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
         values = np.asarray(image, dtype=np.float64)
         gray = np.clip(np.rint(values / 257.0), 0, 255).astype(np.uint8)  # 65535 -> 255
-        return np.repeat(gray[:, :, None], 3, axis=2)
+        return Image.fromarray(np.repeat(gray[:, :, None], 3, axis=2))
     if image.mode == "F":
         raise PhotoError(f"{path}: a floating-point image (mode F); save it as 8-bit RGB")
     if image.mode == "P" and "transparency" in image.info:
@@ -72,4 +117,4 @@ def _as_rgb(image, path: Path) -> np.ndarray:
     if image.mode in ("RGBA", "LA", "PA", "RGBa", "La"):
         background = Image.new("RGBA", image.size, (255, 255, 255, 255))
         image = Image.alpha_composite(background, image.convert("RGBA"))
-    return np.asarray(image.convert("RGB"), dtype=np.uint8)
+    return image if image.mode == "RGB" else image.convert("RGB")
