@@ -2,10 +2,11 @@
 112x112 template, as the training data and the verification sets are aligned.
 
 ``read_photo`` (``alignment.photos``) turns a file into an RGB uint8 tensor or one ``PhotoError`` naming what is
-wrong (``read_photo_reduced``: with a smaller copy for the detector); ``FaceDetector`` (``alignment.detect``) finds faces and their landmarks in batches (MTCNN from the optional
-``facenet-pytorch``); ``similarity_transform`` and ``warp_to_template`` (``alignment.template``) fit and apply the
-5-point similarity transform. ``align_photo`` puts the three together for one photo (``scripts/inference.py
---align``, ``scripts/compare.py``); ``scripts/prepare_faces.py`` runs them over a folder of photos.
+wrong (``read_photo_reduced``: with a smaller copy for the detector); ``FaceDetector`` (``alignment.detect``)
+finds faces and their landmarks in batches (MTCNN from the optional ``facenet-pytorch``);
+``similarity_transform`` and ``warp_to_template`` (``alignment.template``) fit and apply the 5-point similarity
+transform. ``align_photo`` puts the three together for one photo (``scripts/inference.py --align``,
+``scripts/compare.py``); ``scripts/prepare_faces.py`` runs them over a folder of photos.
 """
 from alignment.detect import DetectorUnavailable, Face, FaceDetector, choose_faces, detection_scale
 from alignment.photos import PhotoError, read_photo, read_photo_bytes, read_photo_reduced, register_plugins

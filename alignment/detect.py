@@ -57,17 +57,16 @@ class FaceDetector:
     ``min_face_size``'s, at most MTCNN's own 20), and ``batch_size`` photos of one canvas size go through the
     networks together (on ``device``: the CPU, or a GPU where the photos are many).
 
-    With ``refine`` (the default) each face's landmarks are found a second time in an upright view of it:
-    the face warped from the full photo by the similarity that puts its first landmarks on the ArcFace template,
-    centred in a ``REFINE_SIZE`` square, where MTCNN looks only for faces of about that size
-    (``REFINE_MIN_FACE``), and in that view's mirror image; the two are averaged and mapped back to the photo.
-    MTCNN's landmarks are best on upright faces (on the test photo rotated by 30°, the first pass is a few pixels
-    off), and it does not place them symmetrically: the mirrored view makes a mirrored photo's points the
-    mirror image of the original's.
+    With ``refine`` (the default) each face's landmarks are found a second time by MTCNN's last network (O-Net)
+    alone, in an upright view of the face warped from the full photo (the similarity that puts its first
+    landmarks on the ArcFace template, framed by its box as MTCNN frames O-Net's input) and in that view's mirror
+    image; the two are averaged and mapped back to the photo. MTCNN's landmarks are best on upright faces (on the
+    test photo rotated by 30°, the first pass is a few pixels off), and it does not place them symmetrically: the
+    mirrored view makes a mirrored photo's points the mirror image of the original's.
     """
 
-    REFINE_SIZE = 224
-    REFINE_MIN_FACE = 48  # the face in the view is 80-90 px: its pyramid starts at 12/48 instead of 12/20
+    ONET_SIZE = 48  # O-Net's input
+    SUPERSAMPLE = 4  # the view is warped at 4x and averaged down, as MTCNN resamples its crops (by area)
 
     def __init__(self, device: torch.device | str = "cpu", min_score: float = 0.9, min_face_size: float = 40.0,
                  detect_size: int = 640, batch_size: int = 16, refine: bool = True,
@@ -81,8 +80,9 @@ class FaceDetector:
         self.min_score, self.min_face_size = float(min_score), float(min_face_size)
         self.smallest_face = float(min(min_face_size, MTCNN_MIN_FACE) if smallest_face is None else smallest_face)
         self.detect_size, self.batch_size, self.refine = int(detect_size), int(batch_size), bool(refine)
-        self._mtcnn = MTCNN(keep_all=True, device=self.device)
-        self._refine_mtcnn = MTCNN(keep_all=True, device=self.device, min_face_size=self.REFINE_MIN_FACE)
+        # Channels last: MTCNN's inputs are crops of a channels-last photo, and its pooling runs several times faster
+        # on them (the CPU's NCHW max-pooling with ceil_mode is slow).
+        self._mtcnn = MTCNN(keep_all=True, device=self.device).to(memory_format=torch.channels_last)
 
     def scale(self, height: int, width: int) -> float:
         """The scale a (height, width) photo is detected at (``detection_scale``)."""
@@ -142,38 +142,49 @@ class FaceDetector:
         return sorted(faces, key=lambda f: -f.score)
 
     def _refined_points(self, pairs: list[tuple[torch.Tensor, Face]]) -> list[np.ndarray]:
-        """The landmarks of each (photo, face) found again in an upright ``REFINE_SIZE`` view of the face and in
-        the view's mirror image (its points mirrored back), averaged; the first pass's where the second finds no
-        face there."""
+        """The landmarks of each (photo, face) found again by MTCNN's last network (O-Net) in an upright view of
+        the face and in that view's mirror image (its points mirrored back), averaged and mapped to the photo."""
         from alignment.template import ARCFACE_TEMPLATE, apply_transform, similarity_transform, warp_to_template
 
-        size = self.REFINE_SIZE
-        target = ARCFACE_TEMPLATE + (size - 112) / 2  # the template, centred in the view
-
-        def mirrored(points: np.ndarray) -> np.ndarray:  # (5, 2) across the view's vertical axis, left <-> right
-            return np.stack([size - 1 - points[:, 0], points[:, 1]], axis=1)[[1, 0, 2, 4, 3]]
-
+        size, fine = self.ONET_SIZE, self.ONET_SIZE * self.SUPERSAMPLE
         points = []
         for start in range(0, len(pairs), self.batch_size):
             chunk = pairs[start:start + self.batch_size]
-            matrices = [similarity_transform(face.points, target) for _, face in chunk]
-            views = torch.stack([warp_to_template(image.to(self.device), matrix, size).permute(1, 2, 0)
-                                 for (image, _), matrix in zip(chunk, matrices)]).float()  # (n, size, size, 3)
-            _, _, found = self._refine_mtcnn.detect(torch.cat([views, views.flip(2)]), landmarks=True)
+            matrices = [self._onet_view(face) for _, face in chunk]  # photo -> O-Net input, (2, 3) each
+            upscale = np.diag([self.SUPERSAMPLE, self.SUPERSAMPLE, 1.0])
+            views = torch.stack([warp_to_template(image.to(self.device), (upscale @ np.vstack([m, [0, 0, 1]]))[:2]
+                                                  + [[0, 0, (self.SUPERSAMPLE - 1) / 2]] * 2, fine)
+                                 for (image, _), m in zip(chunk, matrices)]).float()  # (n, 3, fine, fine)
+            views = F.interpolate(views, size=(size, size), mode="area")  # (n, 3, 48, 48): MTCNN's own resampling
+            both = ((torch.cat([views, views.flip(3)]) - 127.5) * 0.0078125).contiguous(memory_format=torch.channels_last)
+            _, found, _ = self._mtcnn.onet(both)  # (2n, 10): the five x, then the five y
+            found = found.double().cpu().numpy()
             for k, ((_, face), matrix) in enumerate(zip(chunk, matrices)):
                 seen = []
-                for candidates, expected, back in ((found[k], target, None), (found[len(chunk) + k], mirrored(target),
-                                                                             mirrored)):
-                    if candidates is not None and len(candidates):
-                        nearest = min(np.asarray(candidates, np.float64),
-                                      key=lambda p: float(np.abs(p - expected).sum()))
-                        seen.append(nearest if back is None else back(nearest))
-                if not seen:
-                    points.append(face.points)
-                    continue
-                to_photo = np.linalg.inv(np.vstack([matrix, [0.0, 0.0, 1.0]]))[:2]  # view -> photo
+                for row, mirrored in ((k, False), (len(chunk) + k, True)):
+                    # O-Net gives each point as a fraction of the input's side; pixel centres are at integers.
+                    p = np.stack([found[row, :5], found[row, 5:]], axis=1) * size - 0.5  # (5, 2)
+                    if mirrored:  # across the vertical axis, left <-> right
+                        p = np.stack([size - 1 - p[:, 0], p[:, 1]], axis=1)[[1, 0, 2, 4, 3]]
+                    seen.append(p)
+                to_photo = np.linalg.inv(np.vstack([matrix, [0.0, 0.0, 1.0]]))[:2]
                 points.append(apply_transform(to_photo, np.mean(seen, axis=0)))
         return points
+
+    def _onet_view(self, face: Face) -> np.ndarray:
+        """The (2, 3) similarity from the photo to O-Net's upright input for ``face``: the rotation and scale that
+        put its landmarks on the ArcFace template, and the square of its box's longer side around the box's centre
+        (the framing MTCNN gives O-Net) onto the ``ONET_SIZE`` square."""
+        from alignment.template import ARCFACE_TEMPLATE, apply_transform, similarity_transform
+
+        to_template = similarity_transform(face.points, ARCFACE_TEMPLATE)  # (2, 3)
+        x0, y0, x1, y1 = face.box
+        centre = apply_transform(to_template, np.array([[(x0 + x1) / 2, (y0 + y1) / 2]]))[0]
+        side = max(x1 - x0, y1 - y0) * float(np.sqrt(abs(np.linalg.det(to_template[:, :2]))))
+        k = self.ONET_SIZE / side
+        # Template -> input: the square's edges onto the input's edges (pixel centres at 0 .. ONET_SIZE - 1).
+        to_input = np.array([[k, 0.0, -k * (centre[0] - side / 2) - 0.5], [0.0, k, -k * (centre[1] - side / 2) - 0.5]])
+        return (np.vstack([to_input, [0.0, 0.0, 1.0]]) @ np.vstack([to_template, [0.0, 0.0, 1.0]]))[:2]
 
 
 def choose_faces(faces: list[Face], photo_size: tuple[int, int], multi: str = "largest") -> list[Face]:

@@ -91,7 +91,8 @@ def _decode(path: Path, max_pixels: int, data: bytes | None):
                     raise PhotoError(f"{path}: {width}x{height} pixels is more than the {max_pixels:,} allowed "
                                      f"(a decompression bomb?)")
                 image.load()
-                return _as_rgb(ImageOps.exif_transpose(image), path)
+                ImageOps.exif_transpose(image, in_place=True)  # without a copy of the whole photo
+                return _as_rgb(image, path)
     except PhotoError:
         raise
     except UnidentifiedImageError as exc:

@@ -24,10 +24,12 @@ _BLOCK = 512  # rows of the coarse correlation computed at once
 _PAIRS = 65536  # candidate pairs whose fine correlation is computed at once
 
 
-def thumbnail(image: torch.Tensor) -> torch.Tensor:
-    """The (THUMB, THUMB) uint8 grey thumbnail of a (3, H, W) uint8 photo: each pixel the mean of its area."""
+def thumbnail(image: torch.Tensor) -> bytes:
+    """The THUMB x THUMB grey thumbnail of a (3, H, W) uint8 photo, each pixel the mean of its area, as the bytes of
+    its rows."""
     gray = (image.float() * torch.tensor([0.299, 0.587, 0.114], device=image.device)[:, None, None]).sum(0)
-    return F.adaptive_avg_pool2d(gray[None, None], (THUMB, THUMB))[0, 0].round_().clamp_(0, 255).to(torch.uint8)
+    small = F.adaptive_avg_pool2d(gray[None, None], (THUMB, THUMB))[0, 0].round_().clamp_(0, 255).to(torch.uint8)
+    return small.cpu().numpy().tobytes()
 
 
 def _unit_rows(x: torch.Tensor) -> torch.Tensor:
@@ -36,7 +38,7 @@ def _unit_rows(x: torch.Tensor) -> torch.Tensor:
     return x / x.norm(dim=1, keepdim=True).clamp_min(1e-6)
 
 
-def find_copies(keys: Sequence[str | None], thumbs: Sequence[torch.Tensor | None],
+def find_copies(keys: Sequence[str | None], thumbs: Sequence[bytes | None],
                 sizes: Sequence[tuple[int, int] | None]) -> list[int | None]:
     """For each photo, the index of the first photo (in the given order) it is a copy of, or None: the same
     ``keys`` (file content), or near duplicates (thumbnails and aspect ratios, module docstring). ``None`` keys,
@@ -60,9 +62,10 @@ def find_copies(keys: Sequence[str | None], thumbs: Sequence[torch.Tensor | None
             join(first.setdefault(key, i), i)
     known = [i for i in range(n) if thumbs[i] is not None and sizes[i] is not None]
     if len(known) > 1:
-        fine = _unit_rows(torch.stack([thumbs[i] for i in known]).flatten(1).float())  # (K, THUMB²)
-        coarse = _unit_rows(F.avg_pool2d(torch.stack([thumbs[i] for i in known]).float()[:, None],
-                                         THUMB // 8).flatten(1))  # (K, 64)
+        pixels = torch.tensor(np.frombuffer(b"".join(thumbs[i] for i in known), np.uint8).reshape(-1, THUMB, THUMB),
+                              dtype=torch.float32)  # (K, THUMB, THUMB)
+        fine = _unit_rows(pixels.flatten(1))  # (K, THUMB²)
+        coarse = _unit_rows(F.avg_pool2d(pixels[:, None], THUMB // 8).flatten(1))  # (K, 64)
         aspect = torch.tensor([np.log(sizes[i][1] / sizes[i][0]) for i in known])  # (K,)
         for start in range(0, len(known), _BLOCK):
             block = coarse[start:start + _BLOCK] @ coarse.T  # (b, K)

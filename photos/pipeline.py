@@ -66,10 +66,9 @@ def make_detector(settings: Settings, device: torch.device) -> FaceDetector:
                         batch_size=settings.batch_size, smallest_face=settings.detector.smallest_face)
 
 
-def crop(image: torch.Tensor, points: np.ndarray) -> torch.Tensor:
-    """The face at ``points`` aligned, as JPEG bytes in a uint8 tensor (libjpeg's output is a function of the
-    pixels)."""
-    return encode_jpeg(align_face(image, points).cpu(), quality=JPEG_QUALITY)
+def crop(image: torch.Tensor, points: np.ndarray) -> bytes:
+    """The face at ``points`` aligned, as JPEG bytes (libjpeg's output is a function of the pixels)."""
+    return encode_jpeg(align_face(image, points).cpu(), quality=JPEG_QUALITY).numpy().tobytes()
 
 
 @contextmanager
@@ -84,17 +83,17 @@ def _one_thread(device: torch.device) -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def detect_and_save(detector: FaceDetector, decoded: list[tuple[int, str, torch.Tensor, torch.Tensor, torch.Tensor]],
+def detect_and_save(detector: FaceDetector, decoded: list[tuple[int, str, torch.Tensor, torch.Tensor, bytes]],
                     work: WorkFolder) -> list[tuple[int, dict]]:
     """Detect the faces of decoded photos ``(index, key, photo, reduced copy, thumbnail)``, align every face, save
-    each photo's entry under its key; ``(index, entry with its key)`` of each."""
+    each photo's entry (``photos.work``: plain numbers and bytes) under its key; ``(index, entry with its key)`` of
+    each."""
     with _one_thread(detector.device):
         found = detector.detect([d[2] for d in decoded], [d[3] for d in decoded])
         done = []
         for (index, key, image, _, thumb), faces in zip(decoded, found):
             entry = {"size": list(image.shape[1:]), "thumb": thumb, "faces": [
-                {"box": torch.tensor(face.box, dtype=torch.float64), "score": face.score,
-                 "points": torch.from_numpy(np.asarray(face.points, np.float64).reshape(-1)),
+                {"box": list(face.box), "score": face.score, "points": np.asarray(face.points).reshape(-1).tolist(),
                  "jpeg": crop(image, face.points)} for face in faces]}
             work.save(key, entry)
             done.append((index, {**entry, "key": key}))
@@ -108,7 +107,7 @@ def _as_list(items: list) -> list:
 class _Jobs(Dataset):
     """Positions in ``indices`` -> ``(photo index, what became of it)``: ``{"error": message}`` (unreadable), an
     entry of the work folder (``"faces"``; ``"saved_before"`` when it was there already), ``{"decoded": (key,
-    photo, reduced, thumbnail)}`` for the main process to detect, or for given landmarks ``{"aligned": JPEG tensor
+    photo, reduced, thumbnail)}`` for the main process to detect, or for given landmarks ``{"aligned": JPEG bytes
     or an error message, "size", "thumb"}``. With a ``detector`` (the CPU) the photos are detected where they are
     read."""
 
@@ -144,7 +143,7 @@ class _Jobs(Dataset):
         if index not in self.landmarks:
             return index, {"decoded": (key, image, reduced, thumbnail(reduced))}
         try:
-            aligned: torch.Tensor | str = crop(image, self.landmarks[index])
+            aligned: bytes | str = crop(image, self.landmarks[index])
         except ValueError as exc:  # points that fit no similarity (all the same point)
             aligned = str(exc)
         return index, {"key": key, "size": list(image.shape[1:]), "thumb": thumbnail(reduced), "aligned": aligned}
@@ -158,7 +157,10 @@ def run_photos(photos: list[Photo], landmarks: dict[int, np.ndarray], work: Work
     on_cpu = detector is None or detector.device.type == "cpu"
     jobs = _Jobs(photos, list(range(len(photos))), landmarks, work, settings.detect_size,
                  detector if on_cpu else None)
-    loader = DataLoader(jobs, batch_size=settings.batch_size, num_workers=workers, collate_fn=_as_list)
+    # A GPU detects a batch at once; on the CPU a photo is detected alone as fast, and one at a time keeps every
+    # process busy to the end.
+    loader = DataLoader(jobs, batch_size=1 if on_cpu else settings.batch_size, num_workers=workers,
+                        collate_fn=_as_list)
     progress = Progress(len(photos), "photos", lambda line: logger.info("%s", line))
     try:
         for batch in loader:

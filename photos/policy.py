@@ -105,8 +105,7 @@ class Outcome:
 def saved_faces(entry: dict[str, Any]) -> list[FaceCrop]:
     """The faces of a photo's saved detections (``photos.work``), highest score first."""
     return [FaceCrop(tuple(float(v) for v in face["box"]), float(face["score"]),
-                     np.asarray(face["points"], np.float64).reshape(5, 2), bytes(face["jpeg"].numpy().tobytes()))
-            for face in entry["faces"]]
+                     np.asarray(face["points"], np.float64).reshape(5, 2), face["jpeg"]) for face in entry["faces"]]
 
 
 def outcome(entry: dict[str, Any], policy: FacePolicy) -> Outcome:

@@ -45,7 +45,7 @@ def outcomes_of(photos: list[Photo], results: list[dict], landmarks: dict[int, n
                 outcomes.append(Outcome("bad_landmarks", result["aligned"], None,
                                         FaceCrop(None, None, points, b"")))
             else:
-                face = FaceCrop(None, None, points, bytes(result["aligned"].numpy().tobytes()))
+                face = FaceCrop(None, None, points, result["aligned"])
                 outcomes.append(Outcome("kept", "landmarks from --landmarks", None, kept=[face]))
         else:
             outcomes.append(outcome(result, settings.policy))
@@ -83,8 +83,8 @@ def prepare(source: Path, out: Path, settings: Settings, device: torch.device, l
     work_opened(work, len(photos))
     results = run_photos(photos, landmarks, work, settings, workers, detector)
     if reused := sum(bool(r.get("saved_before")) for r in results):
-        logger.info("%s of %d detected in an earlier run (%s): not detected again", count(reused, "photo", "photos"),
-                    len(photos), work.dir)
+        logger.info("%d of %s detected in an earlier run (%s): not detected again", reused,
+                    count(len(photos), "photo", "photos"), work.dir)
     outcomes = outcomes_of(photos, results, landmarks, settings)
     if recognition is not None:
         check_identities(photos, outcomes, embedder(recognition), match_threshold)

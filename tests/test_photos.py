@@ -44,7 +44,7 @@ def _jpeg(value: int, size: int = 112) -> bytes:
 def test_the_work_folder_keeps_each_photo_s_detections_by_content_and_detector_settings(tmp_path, caplog):
     work = WorkFolder(tmp_path, SETTINGS)
     work.open()
-    entry = {"size": [10, 20], "thumb": torch.zeros(32, 32, dtype=torch.uint8), "faces": []}
+    entry = {"size": [10, 20], "thumb": bytes(32 * 32), "faces": []}
     assert not work.has("ab" * 32) and work.load("ab" * 32) is None
     work.save("ab" * 32, entry)
     again = WorkFolder(tmp_path, SETTINGS)
@@ -216,7 +216,7 @@ def _photo(**changes) -> Image.Image:
     return canvas
 
 
-def _thumb(image: Image.Image) -> torch.Tensor:
+def _thumb(image: Image.Image) -> bytes:
     return thumbnail(torch.from_numpy(np.array(image.convert("RGB"))).permute(2, 0, 1))
 
 
