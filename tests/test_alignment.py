@@ -239,3 +239,78 @@ def test_choose_faces_policies():
     assert choose_faces(faces, (400, 400), "all") == faces
     with pytest.raises(ValueError, match="largest, skip or all"):
         choose_faces(faces, (400, 400), "first")
+
+
+# ------------------------------------------------------------------------------------------ speed's contracts
+
+def test_a_crop_depends_only_on_the_photo_pixels_under_it():
+    """The warp reads only the region under the crop (and a pixel around it): the rest of the photo can be
+    anything, and a photo many times the crop's size gives the crop of that region alone."""
+    g = torch.Generator().manual_seed(1)
+    photo = torch.randint(0, 256, (3, 900, 1200), generator=g, dtype=torch.uint8)
+    matrix = _similarity(17, 0.4, -200, -60)  # photo -> crop: a face of about 280 px, turned
+    region = np.linalg.inv(np.vstack([matrix, [0, 0, 1]]))[:2]
+    corners = apply_transform(region, np.array([[0, 0], [111, 0], [0, 111], [111, 111]], dtype=float))
+    x0, y0 = np.maximum(np.floor(corners.min(0)).astype(int) - 1, 0)
+    x1, y1 = np.floor(corners.max(0)).astype(int) + 2
+    assert x1 - x0 < 400 and y1 - y0 < 400  # a small part of the photo
+    elsewhere = torch.randint(0, 256, photo.shape, generator=g, dtype=torch.uint8)
+    elsewhere[:, y0:y1, x0:x1] = photo[:, y0:y1, x0:x1]
+    assert torch.equal(warp_to_template(photo, matrix), warp_to_template(elsewhere, matrix))
+    # A crop wholly outside the photo is black.
+    assert not warp_to_template(photo, _similarity(0, 1.0, 5000, 0)).any()
+
+
+def test_the_reduced_copy_is_the_photo_shrunk_by_a_whole_factor(tmp_path):
+    from PIL import Image
+
+    from alignment import read_photo_bytes, read_photo_reduced
+
+    pixels = np.random.default_rng(0).integers(0, 256, (700, 1300, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(tmp_path / "big.png")
+    photo, reduced = read_photo_reduced(tmp_path / "big.png", 640)
+    assert torch.equal(photo, read_photo(tmp_path / "big.png")) and reduced.shape == (3, 350, 650)  # 1300 // 640 = 2
+    means = pixels.reshape(350, 2, 650, 2, 3).astype(float).mean((1, 3)).transpose(2, 0, 1)
+    assert np.abs(reduced.numpy() - means).max() <= 1  # each pixel the mean of a 2 x 2 block
+    small, same = read_photo_reduced(tmp_path / "big.png", 2000)
+    assert same is small or torch.equal(same, small)  # no reduction
+    # The bytes already read decode as the file does; the path only names it in errors.
+    data = read_photo_bytes(tmp_path / "big.png")
+    assert torch.equal(read_photo(tmp_path / "elsewhere.png", data=data), photo)
+    with pytest.raises(PhotoError, match="elsewhere.png: an empty file"):
+        read_photo(tmp_path / "elsewhere.png", data=b"")
+
+
+def test_small_photos_are_not_enlarged_and_large_ones_fit_the_canvas():
+    from alignment import detection_scale
+
+    assert detection_scale(112, 92, 640, 20) == 1.0  # MTCNN finds 20 px faces as they are
+    assert detection_scale(112, 92, 640, 10) == 2.0  # a smaller face of interest: enlarged that much
+    assert detection_scale(112, 92, 640, 0) == 640 / 112  # every face: onto the canvas (the earlier way)
+    assert detection_scale(3000, 4000, 640, 20) == 640 / 4000
+
+
+def test_a_photo_s_faces_barely_depend_on_its_batch_or_on_a_reduced_copy():
+    """The detections of a photo are the same, to a hundredth of a pixel, alone or in a batch with photos of
+    another size or the same size (the last bits may differ: photos.pipeline detects a photo alone on the CPU),
+    and to a fraction of a pixel when its canvas is made from a reduced copy."""
+    pytest.importorskip("facenet_pytorch", reason="the face detector is not installed: pip install --no-deps -r "
+                                                  "requirements-faces.txt")
+    from PIL import Image
+
+    from alignment import FaceDetector
+
+    detector = FaceDetector(min_score=0.0, min_face_size=0.0)
+    original = _astronaut()
+    photo = _tensor(original)
+    other = _tensor(_moved(original, _similarity(10, 0.7, 40, 30), (500, 420)))
+    twin = _tensor(_moved(original, _similarity(-5, 0.9, 0, 10), (512, 512)))
+    alone, batched = detector.detect([photo])[0], detector.detect([other, photo, twin])[1]
+    assert len(alone) == len(batched) == 1
+    assert np.abs(np.array(alone[0].box) - batched[0].box).max() < 0.01
+    assert np.abs(alone[0].points - batched[0].points).max() < 0.01
+    big = _tensor(original.resize((2048, 2048), Image.Resampling.BICUBIC))
+    reduced = _tensor(original.resize((1024, 1024), Image.Resampling.BOX))
+    full, from_reduced = detector.detect([big])[0], detector.detect([big], [reduced])[0]
+    assert len(full) == len(from_reduced) == 1
+    assert np.abs(full[0].points - from_reduced[0].points).max() < 2.0  # of a face 700 px wide
