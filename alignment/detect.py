@@ -2,9 +2,8 @@
 
 Each photo is looked at on a canvas no larger than its scale needs (``detection_scale``): a large photo is shrunk
 to fit ``detect_size``, a small one is not enlarged beyond what lets MTCNN see its smallest face of interest;
-photos whose canvases have the same size go through the networks together. Boxes and landmarks come back in the
-photo's own pixels. A photo's faces do not depend on the photos beside it in a batch (tests/test_alignment.py
-checks it on the CPU). ``facenet-pytorch`` carries its networks' weights in its wheel, so detection works
+photos whose canvases have the same size go through the networks together (the batch changes a photo's faces
+only in their last bits). Boxes and landmarks come back in the photo's own pixels. ``facenet-pytorch`` carries its networks' weights in its wheel, so detection works
 offline. Its metadata pins old releases of torch, numpy and Pillow; install it without its dependencies
 (``pip install --no-deps facenet-pytorch==2.6.0``, after ``pip install requests``, which it imports).
 """

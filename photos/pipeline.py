@@ -2,13 +2,14 @@
 every face aligned and encoded, saved in the work folder (``photos.work``) as soon as the photo is done.
 
 A photo whose content is in the work folder is neither decoded nor detected again. Photos are read in
-``--workers`` processes (``DataLoader`` workers), ``batch_size`` at a time. On the CPU each of those processes also
-detects and aligns its photos, on one thread: MTCNN's small convolutions and per-box loops gain little from
-threads, and processes scale with the cores (without workers, the main process does it, on one thread too, so
-the bytes do not depend on the core count). On a GPU the main process detects the photos the workers decoded, in
-batches. A photo's detections do not depend on its batch, so an interrupted run's continuation, or a run over
-other photos, gives the same bytes for it. Photos with given landmarks are aligned at them, not detected, and
-not saved. See docs/data.md ("From your own photos").
+``--workers`` processes (``DataLoader`` workers). On the CPU each of those processes also detects and aligns its
+photos, one photo at a time, on one thread: MTCNN's small convolutions and per-box loops gain little from threads
+or batches, processes scale with the cores, and a photo's detections are then a function of the photo alone (its
+last bits depend on the thread count and on the other photos of a batch), so an interrupted run's continuation
+gives the bytes of an uninterrupted one. Without workers the main process does the same. On a GPU the main
+process detects the photos the workers decoded, ``batch_size`` at a time, where a batch may change a crop by a
+rounding. Photos with given landmarks are aligned at them, not detected, and not saved. See docs/data.md
+("From your own photos").
 """
 from __future__ import annotations
 
@@ -157,8 +158,8 @@ def run_photos(photos: list[Photo], landmarks: dict[int, np.ndarray], work: Work
     on_cpu = detector is None or detector.device.type == "cpu"
     jobs = _Jobs(photos, list(range(len(photos))), landmarks, work, settings.detect_size,
                  detector if on_cpu else None)
-    # A GPU detects a batch at once; on the CPU a photo is detected alone as fast, and one at a time keeps every
-    # process busy to the end.
+    # A GPU detects a batch at once; on the CPU a photo is detected alone (as fast, the same bytes whatever the
+    # batch, and every process busy to the end).
     loader = DataLoader(jobs, batch_size=1 if on_cpu else settings.batch_size, num_workers=workers,
                         collate_fn=_as_list)
     progress = Progress(len(photos), "photos", lambda line: logger.info("%s", line))

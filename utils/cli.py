@@ -113,7 +113,7 @@ class Progress:
         self.total, self.unit, self.log, self.every, self.clock = total, unit, log, every, clock
         self.done = self.initial = initial
         self.start = self.last = clock()
-        self.lines = 0
+        self.lines, self.said = 0, initial  # lines written, and the count the last one said
         self.bar = None
         if stream.isatty():
             from tqdm import tqdm
@@ -128,16 +128,16 @@ class Progress:
             self._line()
 
     def _line(self) -> None:
-        self.last, self.lines = self.clock(), self.lines + 1
+        self.last, self.lines, self.said = self.clock(), self.lines + 1, self.done
         rate = (self.done - self.initial) / max(self.last - self.start, 1e-9)
         left = f", {datetime.timedelta(seconds=round((self.total - self.done) / rate))} left" if rate > 0 else ""
         self.log(f"{self.done} of {self.total} {self.unit}, {rate:.1f} {self.unit}/s{left}")
 
     def close(self) -> None:
-        """The bar's end, or the last line (after a run long enough to have written one)."""
+        """The bar's end, or the last line (after a run long enough to have written one, when it moved since)."""
         if self.bar is not None:
             self.bar.close()
-        elif self.lines:
+        elif self.lines and self.done != self.said:
             self._line()
 
 
