@@ -36,10 +36,10 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
-from bench.common import markdown_table, write_json  # noqa: E402
+from bench.common import markdown_table, write_json
 
 SIZES = {"small": (112, 92), "lfw": (250, 250), "12mp": (3000, 4000)}  # (H, W)
 TARGETS = {"small": 30.0, "lfw": 30.0, "12mp": 5.0}  # photos/s on the 2-core development CPU (bench/README.md)
