@@ -2,19 +2,18 @@
 112x112 template, as the training data and the verification sets are aligned.
 
 ``read_photo`` (``alignment.photos``) turns a file into an RGB uint8 tensor or one ``PhotoError`` naming what is
-wrong (``read_photo_reduced``: with a smaller copy for the detector); ``FaceDetector`` (``alignment.detect``)
-finds faces and their landmarks in batches (MTCNN from the optional ``facenet-pytorch``);
-``similarity_transform`` and ``warp_to_template`` (``alignment.template``) fit and apply the 5-point similarity
-transform. ``align_photo`` puts the three together for one photo (``scripts/inference.py --align``,
-``scripts/compare.py``); ``scripts/prepare_faces.py`` runs them over a folder of photos.
+wrong; ``FaceDetector`` (``alignment.detect``) finds faces and their landmarks in batches (MTCNN from the optional
+``facenet-pytorch``); ``similarity_transform`` and ``warp_to_template`` (``alignment.template``) fit and apply the
+5-point similarity transform. ``align_photo`` puts the three together for one photo (``scripts/inference.py
+--align``, ``scripts/compare.py``); ``scripts/prepare_faces.py`` runs them over a folder of photos.
 """
 from alignment.detect import DetectorUnavailable, Face, FaceDetector, choose_faces, detection_scale
-from alignment.photos import PhotoError, read_photo, read_photo_bytes, read_photo_reduced, register_plugins
+from alignment.photos import PhotoError, read_photo, read_photo_bytes, register_plugins
 from alignment.template import ARCFACE_TEMPLATE, CROP_SIZE, align_face, similarity_transform, warp_to_template
 
 __all__ = ["ARCFACE_TEMPLATE", "CROP_SIZE", "DetectorUnavailable", "Face", "FaceDetector", "PhotoError",
            "align_face", "align_photo", "choose_faces", "detection_scale", "read_photo", "read_photo_bytes",
-           "read_photo_reduced", "register_plugins", "similarity_transform", "warp_to_template"]
+           "register_plugins", "similarity_transform", "warp_to_template"]
 
 
 def align_photo(path, detector: FaceDetector, multi: str = "largest"):

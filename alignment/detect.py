@@ -1,7 +1,8 @@
 """Faces and their five landmarks in photos: MTCNN from the optional ``facenet-pytorch`` package, in batches.
 
 Each photo is looked at on a canvas no larger than its scale needs (``detection_scale``): a large photo is shrunk
-to fit ``detect_size``, a small one is not enlarged beyond what lets MTCNN see its smallest face of interest;
+to fit ``detect_size`` (in uint8, where it is decoded), a small one is not enlarged beyond what lets MTCNN see its
+smallest face of interest;
 photos whose canvases have the same size go through the networks together (the batch changes a photo's faces
 only in their last bits). Boxes and landmarks come back in the photo's own pixels. ``facenet-pytorch`` carries its networks' weights in its wheel, so detection works
 offline. Its metadata pins old releases of torch, numpy and Pillow; install it without its dependencies
@@ -87,28 +88,25 @@ class FaceDetector:
         """The scale a (height, width) photo is detected at (``detection_scale``)."""
         return detection_scale(height, width, self.detect_size, self.smallest_face)
 
-    def _canvas(self, image: torch.Tensor, reduced: torch.Tensor) -> tuple[torch.Tensor, tuple[float, float]]:
-        """(h, w, 3) float32 canvas of ``image`` (made from ``reduced``, a smaller copy of it, or itself), and the
-        photo-to-canvas scales along x and y."""
+    def _canvas(self, image: torch.Tensor) -> tuple[torch.Tensor, tuple[float, float]]:
+        """(h, w, 3) float32 canvas of ``image`` on the detector's device, and the photo-to-canvas scales along x
+        and y. The photo is resized where it is, in uint8 (antialiased when shrunk: a few milliseconds for 12
+        megapixels on one CPU core, where a float copy of it alone takes far longer), and only the canvas moves."""
         height, width = image.shape[1:]
         scale = self.scale(height, width)
         h, w = max(1, round(height * scale)), max(1, round(width * scale))
-        source = reduced.to(self.device, torch.float32)[None]  # (1, 3, h', w')
-        if source.shape[2:] != (h, w):
-            source = F.interpolate(source, size=(h, w), mode="bilinear", antialias=h < reduced.shape[1],
-                                   align_corners=False)
+        canvas = image[None]  # (1, 3, H, W) uint8
+        if (h, w) != (height, width):
+            canvas = F.interpolate(canvas, size=(h, w), mode="bilinear", antialias=h < height, align_corners=False)
         # The canvas pixel (x, y) shows the photo at ((x + 0.5) / sx - 0.5, ...) with pixel centres at integers, sx
         # the exact ratio of the sizes (which differs from `scale` by rounding).
-        return source[0].clamp_(0, 255).permute(1, 2, 0), (w / width, h / height)
+        return canvas[0].to(self.device, torch.float32).permute(1, 2, 0), (w / width, h / height)
 
     @torch.no_grad()
-    def detect(self, images: Sequence[torch.Tensor], reduced: Sequence[torch.Tensor] | None = None
-               ) -> list[list[Face]]:
-        """The faces of each photo, highest score first. ``reduced[i]``, when given, is a smaller copy of
-        ``images[i]`` (e.g. ``alignment.read_photo_reduced``'s) to make its canvas from; the faces are still in
-        ``images[i]``'s pixels and their landmarks refined there."""
-        reduced = images if reduced is None else reduced
-        canvases = [self._canvas(image, small) for image, small in zip(images, reduced)]
+    def detect(self, images: Sequence[torch.Tensor]) -> list[list[Face]]:
+        """The faces of each photo, highest score first; ``images`` stay where they are (the CPU, as
+        ``read_photo`` gives them): what goes to the device is their canvases and the views of their faces."""
+        canvases = [self._canvas(image) for image in images]
         out: list[list[Face]] = [[] for _ in images]
         by_size: dict[tuple[int, ...], list[int]] = {}
         for k, (canvas, _) in enumerate(canvases):
@@ -151,8 +149,8 @@ class FaceDetector:
             chunk = pairs[start:start + self.batch_size]
             matrices = [self._onet_view(face) for _, face in chunk]  # photo -> O-Net input, (2, 3) each
             upscale = np.diag([self.SUPERSAMPLE, self.SUPERSAMPLE, 1.0])
-            views = torch.stack([warp_to_template(image.to(self.device), (upscale @ np.vstack([m, [0, 0, 1]]))[:2]
-                                                  + [[0, 0, (self.SUPERSAMPLE - 1) / 2]] * 2, fine)
+            views = torch.stack([warp_to_template(image, (upscale @ np.vstack([m, [0, 0, 1]]))[:2]
+                                                  + [[0, 0, (self.SUPERSAMPLE - 1) / 2]] * 2, fine).to(self.device)
                                  for (image, _), m in zip(chunk, matrices)]).float()  # (n, 3, fine, fine)
             views = F.interpolate(views, size=(size, size), mode="area")  # (n, 3, 48, 48): MTCNN's own resampling
             both = ((torch.cat([views, views.flip(3)]) - 127.5) * 0.0078125).contiguous(memory_format=torch.channels_last)

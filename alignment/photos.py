@@ -45,40 +45,22 @@ def read_photo_bytes(path: str | os.PathLike) -> bytes:
 
 
 def read_photo(path: str | os.PathLike, max_pixels: int = MAX_PIXELS, *, data: bytes | None = None) -> torch.Tensor:
-    """The photo at ``path`` as a (3, H, W) uint8 RGB tensor, upright.
+    """The photo at ``path`` as a (3, H, W) uint8 RGB tensor, upright (its memory may be laid out channels last).
 
     Every format Pillow reads (JPEG, PNG, WebP, BMP, TIFF, PGM/PPM, ..., and HEIC/HEIF with pillow-heif
     installed: ``register_plugins``). The EXIF orientation is applied. Grayscale, CMYK and palette images become
     RGB. Transparent pixels are composited onto white. A 16-bit image is scaled to 8 bits (divided by 257).
+    A colour or grey JPEG is decoded by libjpeg-turbo straight into the tensor (``torchvision.io.decode_jpeg``:
+    Pillow's pixels, in a fraction of Pillow's time for a large photo); the rest by Pillow.
     ``data``: the file's content, already read (``read_photo_bytes``); ``path`` then only names it. Raises
     ``PhotoError`` naming the file for:
     - a missing or unreadable path;
     - an empty, truncated or corrupt file, or one that is not an image;
     - an image of more than ``max_pixels`` pixels (a decompression bomb).
     """
-    return _tensor(_decode(Path(path), max_pixels, data))
-
-
-def read_photo_reduced(path: str | os.PathLike, longer_side: int, max_pixels: int = MAX_PIXELS, *,
-                       data: bytes | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The photo (as ``read_photo`` reads it) and a copy of it shrunk by the largest whole factor ``k`` that keeps
-    its longer side at least ``longer_side`` pixels: each pixel the mean of a k x k block (Pillow's ``reduce``, a
-    small fraction of the cost of resizing the full tensor), for a detector that needs fewer pixels than the
-    alignment. The copy is the photo itself when ``k`` is 1."""
-    image = _decode(Path(path), max_pixels, data)
-    factor = max(1, max(image.size) // max(1, longer_side))
-    return _tensor(image), _tensor(image.reduce(factor)) if factor > 1 else _tensor(image)
-
-
-def _tensor(image) -> torch.Tensor:
-    """(3, H, W) uint8 of an RGB Pillow image."""
-    return torch.from_numpy(np.ascontiguousarray(np.asarray(image, dtype=np.uint8).transpose(2, 0, 1)))
-
-
-def _decode(path: Path, max_pixels: int, data: bytes | None):
-    """The photo as an upright RGB Pillow image (``read_photo``'s errors)."""
     from PIL import Image, ImageOps, UnidentifiedImageError
 
+    path = Path(path)
     register_plugins()
     if data is None:
         data = read_photo_bytes(path)
@@ -90,9 +72,11 @@ def _decode(path: Path, max_pixels: int, data: bytes | None):
                 if width * height > max_pixels:
                     raise PhotoError(f"{path}: {width}x{height} pixels is more than the {max_pixels:,} allowed "
                                      f"(a decompression bomb?)")
+                if image.format == "JPEG" and image.mode in ("RGB", "L"):
+                    return _decode_jpeg(path, data)
                 image.load()
                 ImageOps.exif_transpose(image, in_place=True)  # without a copy of the whole photo
-                return _as_rgb(image, path)
+                array = np.asarray(_as_rgb(image, path), dtype=np.uint8)  # (H, W, 3)
     except PhotoError:
         raise
     except UnidentifiedImageError as exc:
@@ -101,16 +85,28 @@ def _decode(path: Path, max_pixels: int, data: bytes | None):
         raise PhotoError(f"{path}: too many pixels (a decompression bomb?): {exc}") from exc
     except (OSError, SyntaxError, ValueError) as exc:  # truncated or corrupt data, as Pillow reports it
         raise PhotoError(f"{path}: cannot decode: {exc}") from exc
+    return torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1)))  # (3, H, W)
+
+
+def _decode_jpeg(path: Path, data: bytes) -> torch.Tensor:
+    """A JPEG's (3, H, W) uint8 RGB pixels, upright, by libjpeg-turbo."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    try:
+        return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB,
+                           apply_exif_orientation=True)
+    except RuntimeError as exc:  # "decode_jpeg, <source>:<line>, <what>": the what
+        raise PhotoError(f"{path}: cannot decode: {str(exc).rsplit(', ', 1)[-1].strip()}") from exc
 
 
 def _as_rgb(image, path: Path):
-    """The RGB Pillow image of a loaded one of any mode."""
+    """The RGB Pillow image of a loaded one of any mode (a numpy array for 16-bit images)."""
     from PIL import Image
 
     if image.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
         values = np.asarray(image, dtype=np.float64)
         gray = np.clip(np.rint(values / 257.0), 0, 255).astype(np.uint8)  # 65535 -> 255
-        return Image.fromarray(np.repeat(gray[:, :, None], 3, axis=2))
+        return np.repeat(gray[:, :, None], 3, axis=2)
     if image.mode == "F":
         raise PhotoError(f"{path}: a floating-point image (mode F); save it as 8-bit RGB")
     if image.mode == "P" and "transparency" in image.info:

@@ -15,10 +15,10 @@ scene, her face about 500 px, about 2.5 MB each). Then:
   processes, which a busy machine does not change much, and the rate it gives where ``--workers`` cores are
   free: workers / CPU time.
 - **per photo**: the three stages of one photo in this process on one thread, CPU seconds (median over the
-  photos): reading (``alignment.read_photo_reduced``: decoding, and the reduced copy the detector looks at),
-  detection (``FaceDetector.detect``: MTCNN's two passes), alignment (each face's crop and its JPEG). The
-  detection is also timed the earlier way, every photo enlarged or shrunk onto the 640-pixel canvas from its full
-  pixels, as a reference measured in the same run.
+  photos): reading (``alignment.read_photo``), detection (``FaceDetector.detect``: the canvas, MTCNN, and the
+  O-Net pass on the upright and mirrored views of each face), alignment (each face's crop and its JPEG). The
+  detection is also timed the earlier way, every photo enlarged or shrunk onto the 640-pixel canvas (and there
+  through float pixels, as before), as a reference measured in the same run.
 """
 from __future__ import annotations
 
@@ -118,6 +118,23 @@ def _cpu_used() -> float:
     return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
 
 
+def _earlier(detector_class):
+    """The detector with the earlier canvas: every photo enlarged or shrunk to fit the 640-pixel square, resized
+    through float pixels (the reference of the per-photo table)."""
+    import torch.nn.functional as F
+
+    class Earlier(detector_class):
+        def _canvas(self, image):
+            height, width = image.shape[1:]
+            scale = self.detect_size / max(height, width)
+            h, w = max(1, round(height * scale)), max(1, round(width * scale))
+            canvas = F.interpolate(image[None].to(self.device, torch.float32), size=(h, w), mode="bilinear",
+                                   antialias=scale < 1, align_corners=False)[0]
+            return canvas.clamp_(0, 255).permute(1, 2, 0), (w / width, h / height)
+
+    return Earlier
+
+
 def _cpu_seconds(fn: Callable[[], Any]) -> tuple[float, Any]:
     start = time.process_time()
     result = fn()
@@ -126,20 +143,20 @@ def _cpu_seconds(fn: Callable[[], Any]) -> tuple[float, Any]:
 
 def per_photo(photos: Path, device: torch.device) -> dict[str, float]:
     """CPU seconds per photo (median) of reading, detection (now and the earlier way) and alignment, one thread."""
-    from alignment import read_photo_reduced
+    from alignment import read_photo
     from alignment.detect import FaceDetector
     from photos.pipeline import crop, make_detector
 
     torch.set_num_threads(1)
     detector = make_detector(tool_settings(device), device)  # as the pipeline detects
-    earlier = FaceDetector(device, min_score=0.0, min_face_size=0.0, smallest_face=0.0)  # onto the 640 canvas
+    earlier = _earlier(FaceDetector)(device, min_score=0.0, min_face_size=0.0, smallest_face=0.0)
     times: dict[str, list[float]] = {"read_s": [], "detect_s": [], "align_s": [], "detect_640_canvas_s": []}
     files = sorted(photos.rglob("*.jpg"))
-    detector.detect([read_photo_reduced(files[0], 640)[0]])  # warm-up
+    detector.detect([read_photo(files[0])])  # warm-up
     for path in files:
-        seconds, (image, reduced) = _cpu_seconds(lambda: read_photo_reduced(path, detector.detect_size))
+        seconds, image = _cpu_seconds(lambda: read_photo(path))
         times["read_s"].append(seconds)
-        seconds, faces = _cpu_seconds(lambda: detector.detect([image], [reduced])[0])
+        seconds, faces = _cpu_seconds(lambda: detector.detect([image])[0])
         times["detect_s"].append(seconds)
         times["align_s"].append(_cpu_seconds(lambda: [crop(image, face.points) for face in faces])[0])
         times["detect_640_canvas_s"].append(_cpu_seconds(lambda: earlier.detect([image]))[0])

@@ -1,5 +1,5 @@
-"""Each photo's detections: read and hashed, decoded with a reduced copy for the detector, its faces detected and
-every face aligned and encoded, saved in the work folder (``photos.work``) as soon as the photo is done.
+"""Each photo's detections: read and hashed, decoded, its faces detected and every face aligned and encoded, saved
+in the work folder (``photos.work``) as soon as the photo is done.
 
 A photo whose content is in the work folder is neither decoded nor detected again. Photos are read in
 ``--workers`` processes (``DataLoader`` workers). On the CPU each of those processes also detects and aligns its
@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from torchvision.io import encode_jpeg
 
-from alignment import FaceDetector, PhotoError, align_face, read_photo_bytes, read_photo_reduced
+from alignment import FaceDetector, PhotoError, align_face, read_photo, read_photo_bytes
 from alignment.detect import MTCNN_MIN_FACE
 from photos.duplicates import thumbnail
 from photos.listing import Photo
@@ -84,15 +84,14 @@ def _one_thread(device: torch.device) -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def detect_and_save(detector: FaceDetector, decoded: list[tuple[int, str, torch.Tensor, torch.Tensor, bytes]],
+def detect_and_save(detector: FaceDetector, decoded: list[tuple[int, str, torch.Tensor, bytes]],
                     work: WorkFolder) -> list[tuple[int, dict]]:
-    """Detect the faces of decoded photos ``(index, key, photo, reduced copy, thumbnail)``, align every face, save
-    each photo's entry (``photos.work``: plain numbers and bytes) under its key; ``(index, entry with its key)`` of
-    each."""
+    """Detect the faces of decoded photos ``(index, key, photo, thumbnail)``, align every face, save each photo's
+    entry (``photos.work``: plain numbers and bytes) under its key; ``(index, entry with its key)`` of each."""
     with _one_thread(detector.device):
-        found = detector.detect([d[2] for d in decoded], [d[3] for d in decoded])
+        found = detector.detect([d[2] for d in decoded])
         done = []
-        for (index, key, image, _, thumb), faces in zip(decoded, found):
+        for (index, key, image, thumb), faces in zip(decoded, found):
             entry = {"size": list(image.shape[1:]), "thumb": thumb, "faces": [
                 {"box": list(face.box), "score": face.score, "points": np.asarray(face.points).reshape(-1).tolist(),
                  "jpeg": crop(image, face.points)} for face in faces]}
@@ -108,14 +107,14 @@ def _as_list(items: list) -> list:
 class _Jobs(Dataset):
     """Positions in ``indices`` -> ``(photo index, what became of it)``: ``{"error": message}`` (unreadable), an
     entry of the work folder (``"faces"``; ``"saved_before"`` when it was there already), ``{"decoded": (key,
-    photo, reduced, thumbnail)}`` for the main process to detect, or for given landmarks ``{"aligned": JPEG bytes
+    photo, thumbnail)}`` for the main process to detect, or for given landmarks ``{"aligned": JPEG bytes
     or an error message, "size", "thumb"}``. With a ``detector`` (the CPU) the photos are detected where they are
     read."""
 
     def __init__(self, photos: list[Photo], indices: list[int], landmarks: dict[int, np.ndarray], work: WorkFolder,
-                 detect_size: int, detector: FaceDetector | None) -> None:
+                 detector: FaceDetector | None) -> None:
         self.paths, self.indices, self.landmarks = [p.path for p in photos], indices, landmarks
-        self.work, self.detect_size, self.detector = work, detect_size, detector
+        self.work, self.detector = work, detector
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -138,16 +137,16 @@ class _Jobs(Dataset):
             key = content_key(data)
             if index not in self.landmarks and (entry := self.work.load(key)) is not None:
                 return index, {**entry, "key": key, "saved_before": True}
-            image, reduced = read_photo_reduced(path, self.detect_size, data=data)
+            image = read_photo(path, data=data)
         except PhotoError as exc:
             return index, {"error": str(exc).removeprefix(f"{path}: ")}
         if index not in self.landmarks:
-            return index, {"decoded": (key, image, reduced, thumbnail(reduced))}
+            return index, {"decoded": (key, image, thumbnail(image))}
         try:
             aligned: bytes | str = crop(image, self.landmarks[index])
         except ValueError as exc:  # points that fit no similarity (all the same point)
             aligned = str(exc)
-        return index, {"key": key, "size": list(image.shape[1:]), "thumb": thumbnail(reduced), "aligned": aligned}
+        return index, {"key": key, "size": list(image.shape[1:]), "thumb": thumbnail(image), "aligned": aligned}
 
 
 def run_photos(photos: list[Photo], landmarks: dict[int, np.ndarray], work: WorkFolder, settings: Settings,
@@ -156,8 +155,7 @@ def run_photos(photos: list[Photo], landmarks: dict[int, np.ndarray], work: Work
     ``work.present`` counts the photos whose entry is in the work folder as they are done."""
     results: list[dict[str, Any] | None] = [None] * len(photos)
     on_cpu = detector is None or detector.device.type == "cpu"
-    jobs = _Jobs(photos, list(range(len(photos))), landmarks, work, settings.detect_size,
-                 detector if on_cpu else None)
+    jobs = _Jobs(photos, list(range(len(photos))), landmarks, work, detector if on_cpu else None)
     # A GPU detects a batch at once; on the CPU a photo is detected alone (as fast, the same bytes whatever the
     # batch, and every process busy to the end).
     loader = DataLoader(jobs, batch_size=1 if on_cpu else settings.batch_size, num_workers=workers,

@@ -261,24 +261,25 @@ def test_a_crop_depends_only_on_the_photo_pixels_under_it():
     assert not warp_to_template(photo, _similarity(0, 1.0, 5000, 0)).any()
 
 
-def test_the_reduced_copy_is_the_photo_shrunk_by_a_whole_factor(tmp_path):
+def test_a_jpeg_is_decoded_to_pillow_s_pixels_and_the_bytes_read_decode_as_the_file(tmp_path):
+    """JPEGs go through libjpeg-turbo straight into a tensor: the pixels Pillow decodes, upright; a broken one is a
+    PhotoError; bytes already read decode as the file does (the path then only names it)."""
     from PIL import Image
 
-    from alignment import read_photo_bytes, read_photo_reduced
+    from alignment import read_photo_bytes
 
-    pixels = np.random.default_rng(0).integers(0, 256, (700, 1300, 3), dtype=np.uint8)
-    Image.fromarray(pixels).save(tmp_path / "big.png")
-    photo, reduced = read_photo_reduced(tmp_path / "big.png", 640)
-    assert torch.equal(photo, read_photo(tmp_path / "big.png")) and reduced.shape == (3, 350, 650)  # 1300 // 640 = 2
-    means = pixels.reshape(350, 2, 650, 2, 3).astype(float).mean((1, 3)).transpose(2, 0, 1)
-    assert np.abs(reduced.numpy() - means).max() <= 1  # each pixel the mean of a 2 x 2 block
-    small, same = read_photo_reduced(tmp_path / "big.png", 2000)
-    assert same is small or torch.equal(same, small)  # no reduction
-    # The bytes already read decode as the file does; the path only names it in errors.
-    data = read_photo_bytes(tmp_path / "big.png")
-    assert torch.equal(read_photo(tmp_path / "elsewhere.png", data=data), photo)
-    with pytest.raises(PhotoError, match="elsewhere.png: an empty file"):
-        read_photo(tmp_path / "elsewhere.png", data=b"")
+    pixels = np.random.default_rng(0).integers(0, 256, (300, 400, 3), dtype=np.uint8)
+    for mode in ("RGB", "L"):
+        Image.fromarray(pixels).convert(mode).save(tmp_path / f"{mode}.jpg", quality=90)
+        with Image.open(tmp_path / f"{mode}.jpg") as image:
+            expected = np.asarray(image.convert("RGB")).transpose(2, 0, 1)
+        np.testing.assert_array_equal(read_photo(tmp_path / f"{mode}.jpg").numpy(), expected)
+    data = read_photo_bytes(tmp_path / "RGB.jpg")
+    assert torch.equal(read_photo(tmp_path / "elsewhere.jpg", data=data), read_photo(tmp_path / "RGB.jpg"))
+    with pytest.raises(PhotoError, match="elsewhere.jpg: an empty file"):
+        read_photo(tmp_path / "elsewhere.jpg", data=b"")
+    with pytest.raises(PhotoError, match=r"half.jpg: cannot decode: \S"):
+        read_photo(tmp_path / "half.jpg", data=data[:len(data) // 2])
 
 
 def test_small_photos_are_not_enlarged_and_large_ones_fit_the_canvas():
@@ -290,14 +291,11 @@ def test_small_photos_are_not_enlarged_and_large_ones_fit_the_canvas():
     assert detection_scale(3000, 4000, 640, 20) == 640 / 4000
 
 
-def test_a_photo_s_faces_barely_depend_on_its_batch_or_on_a_reduced_copy():
+def test_a_photo_s_faces_barely_depend_on_its_batch():
     """The detections of a photo are the same, to a hundredth of a pixel, alone or in a batch with photos of
-    another size or the same size (the last bits may differ: photos.pipeline detects a photo alone on the CPU),
-    and to a fraction of a pixel when its canvas is made from a reduced copy."""
+    another size or the same size (the last bits may differ: photos.pipeline detects a photo alone on the CPU)."""
     pytest.importorskip("facenet_pytorch", reason="the face detector is not installed: pip install --no-deps -r "
                                                   "requirements-faces.txt")
-    from PIL import Image
-
     from alignment import FaceDetector
 
     detector = FaceDetector(min_score=0.0, min_face_size=0.0)
@@ -309,8 +307,3 @@ def test_a_photo_s_faces_barely_depend_on_its_batch_or_on_a_reduced_copy():
     assert len(alone) == len(batched) == 1
     assert np.abs(np.array(alone[0].box) - batched[0].box).max() < 0.01
     assert np.abs(alone[0].points - batched[0].points).max() < 0.01
-    big = _tensor(original.resize((2048, 2048), Image.Resampling.BICUBIC))
-    reduced = _tensor(original.resize((1024, 1024), Image.Resampling.BOX))
-    full, from_reduced = detector.detect([big])[0], detector.detect([big], [reduced])[0]
-    assert len(full) == len(from_reduced) == 1
-    assert np.abs(full[0].points - from_reduced[0].points).max() < 2.0  # of a face 700 px wide

@@ -77,7 +77,7 @@ class _FakeDetector:
     def __init__(self, broken: bool = False) -> None:
         self.broken, self.calls = broken, 0
 
-    def detect(self, images, reduced=None):
+    def detect(self, images):
         from alignment import ARCFACE_TEMPLATE, Face
 
         if self.broken:
@@ -132,7 +132,7 @@ def test_on_a_gpu_the_main_process_detects_what_the_workers_read(tmp_path, monke
         detector.device = torch.device(device)
         batches = []
         detect = detector.detect
-        detector.detect = lambda images, reduced=None: batches.append(len(images)) or detect(images, reduced)
+        detector.detect = lambda images: batches.append(len(images)) or detect(images)
         monkeypatch.setattr(prepare_module, "make_detector", lambda settings, device: detector)
         out = tmp_path / device
         prepare(photos, out, Settings("match", 0.9, 40.0, 640, 2, device), torch.device("cpu"))

@@ -419,7 +419,7 @@ def test_other_policies_decide_over_the_kept_detections_without_detecting(made, 
     assert "2 photos: 2 kept, 0 no face, 1 several faces (1 kept)" in said
     assert "1 identity in train.rec (3 faces, 3-3 per identity)" in said
 
-    def no_detection(self, images, reduced=None):
+    def no_detection(self, images):
         raise AssertionError("detection ran")
 
     monkeypatch.setattr(FaceDetector, "detect", no_detection)
