@@ -105,25 +105,24 @@ def _as_list(items: list) -> list:
 
 
 class _Jobs(Dataset):
-    """Positions in ``indices`` -> ``(photo index, what became of it)``: ``{"error": message}`` (unreadable), an
+    """A photo's index -> ``(the index, what became of the photo)``: ``{"error": message}`` (unreadable), an
     entry of the work folder (``"faces"``; ``"saved_before"`` when it was there already), ``{"decoded": (key,
     photo, thumbnail)}`` for the main process to detect, or for given landmarks ``{"aligned": JPEG bytes
     or an error message, "size", "thumb"}``. With a ``detector`` (the CPU) the photos are detected where they are
     read."""
 
-    def __init__(self, photos: list[Photo], indices: list[int], landmarks: dict[int, np.ndarray], work: WorkFolder,
+    def __init__(self, photos: list[Photo], landmarks: dict[int, np.ndarray], work: WorkFolder,
                  detector: FaceDetector | None) -> None:
-        self.paths, self.indices, self.landmarks = [p.path for p in photos], indices, landmarks
-        self.work, self.detector = work, detector
+        self.paths, self.landmarks, self.work, self.detector = [p.path for p in photos], landmarks, work, detector
 
     def __len__(self) -> int:
-        return len(self.indices)
+        return len(self.paths)
 
-    def __getitem__(self, position: int) -> tuple[int, dict]:
-        return self.__getitems__([position])[0]
+    def __getitem__(self, index: int) -> tuple[int, dict]:
+        return self.__getitems__([index])[0]
 
-    def __getitems__(self, positions: list[int]) -> list[tuple[int, dict]]:
-        items = [self._read(self.indices[p]) for p in positions]
+    def __getitems__(self, indices: list[int]) -> list[tuple[int, dict]]:
+        items = [self._read(index) for index in indices]
         decoded = [(index, *item["decoded"]) for index, item in items if "decoded" in item]
         if self.detector is not None and decoded:
             detected = dict(detect_and_save(self.detector, decoded, self.work))
@@ -155,7 +154,7 @@ def run_photos(photos: list[Photo], landmarks: dict[int, np.ndarray], work: Work
     ``work.present`` counts the photos whose entry is in the work folder as they are done."""
     results: list[dict[str, Any] | None] = [None] * len(photos)
     on_cpu = detector is None or detector.device.type == "cpu"
-    jobs = _Jobs(photos, list(range(len(photos))), landmarks, work, detector if on_cpu else None)
+    jobs = _Jobs(photos, landmarks, work, detector if on_cpu else None)
     # A GPU detects a batch at once; on the CPU a photo is detected alone (as fast, the same bytes whatever the
     # batch, and every process busy to the end).
     loader = DataLoader(jobs, batch_size=1 if on_cpu else settings.batch_size, num_workers=workers,
