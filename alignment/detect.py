@@ -2,11 +2,11 @@
 
 Each photo is looked at on a canvas no larger than its scale needs (``detection_scale``): a large photo is shrunk
 to fit ``detect_size`` (in uint8, where it is decoded), a small one is not enlarged beyond what lets MTCNN see its
-smallest face of interest;
-photos whose canvases have the same size go through the networks together (the batch changes a photo's faces
-only in their last bits). Boxes and landmarks come back in the photo's own pixels. ``facenet-pytorch`` carries its networks' weights in its wheel, so detection works
-offline. Its metadata pins old releases of torch, numpy and Pillow; install it without its dependencies
-(``pip install --no-deps facenet-pytorch==2.6.0``, after ``pip install requests``, which it imports).
+smallest face of interest; photos whose canvases have the same size go through the networks together (the batch
+changes a photo's faces only in their last bits). Boxes and landmarks come back in the photo's own pixels.
+``facenet-pytorch`` carries its networks' weights in its wheel, so detection works offline. Its metadata pins old
+releases of torch, numpy and Pillow; install it without its dependencies (``pip install --no-deps
+facenet-pytorch==2.6.0``, after ``pip install requests``, which it imports).
 """
 from __future__ import annotations
 
@@ -141,7 +141,7 @@ class FaceDetector:
     def _refined_points(self, pairs: list[tuple[torch.Tensor, Face]]) -> list[np.ndarray]:
         """The landmarks of each (photo, face) found again by MTCNN's last network (O-Net) in an upright view of
         the face and in that view's mirror image (its points mirrored back), averaged and mapped to the photo."""
-        from alignment.template import ARCFACE_TEMPLATE, apply_transform, similarity_transform, warp_to_template
+        from alignment.template import apply_transform, warp_to_template
 
         size, fine = self.ONET_SIZE, self.ONET_SIZE * self.SUPERSAMPLE
         points = []
@@ -153,8 +153,8 @@ class FaceDetector:
                                                   + [[0, 0, (self.SUPERSAMPLE - 1) / 2]] * 2, fine).to(self.device)
                                  for (image, _), m in zip(chunk, matrices)]).float()  # (n, 3, fine, fine)
             views = F.interpolate(views, size=(size, size), mode="area")  # (n, 3, 48, 48): MTCNN's own resampling
-            both = ((torch.cat([views, views.flip(3)]) - 127.5) * 0.0078125).contiguous(memory_format=torch.channels_last)
-            _, found, _ = self._mtcnn.onet(both)  # (2n, 10): the five x, then the five y
+            both = (torch.cat([views, views.flip(3)]) - 127.5) * 0.0078125  # (2n, 3, 48, 48), as MTCNN scales
+            _, found, _ = self._mtcnn.onet(both.contiguous(memory_format=torch.channels_last))  # (2n, 10): 5 x, 5 y
             found = found.double().cpu().numpy()
             for k, ((_, face), matrix) in enumerate(zip(chunk, matrices)):
                 seen = []

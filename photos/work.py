@@ -1,11 +1,11 @@
 """The work folder ``OUT_DIR/.prepare_faces-work``: every photo's detections, kept between runs.
 
 A photo's entry (its size, its thumbnail for ``photos.duplicates``, and every face the detector found: box, score,
-landmarks and the aligned crop as JPEG bytes; plain numbers, lists and bytes) is saved as soon as the photo is done, under
-``detections/<settings>/<ab>/<sha256 of the file>.pt``: keyed by the photo's content and by the detector's
-settings (``DetectorSettings``), never by its name or by the policy. So a run that is interrupted continues
-where it stopped, a renamed or copied photo is not detected again, and a run with another policy, thresholds,
-``--multi``, model or holdout only decides and packs. Entries are written atomically and read with
+landmarks and the aligned crop as JPEG bytes; plain numbers, lists and bytes) is saved as soon as the photo is
+done, under ``detections/<settings>/<ab>/<sha256 of the file>.pt``: keyed by the photo's content and by the
+detector's settings (``DetectorSettings``), never by its name or by the policy. So a run that is interrupted
+continues where it stopped, a renamed or copied photo is not detected again, and a run with another policy,
+thresholds, ``--multi``, model or holdout only decides and packs. Entries are written atomically and read with
 ``utils.files.load_tensors`` (no pickle); one that cannot be read is detected again. The folder is kept after a
 run; removing it only costs the detection. See docs/data.md ("From your own photos", Detections).
 """

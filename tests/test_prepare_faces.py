@@ -345,8 +345,9 @@ def test_an_interrupted_run_continues_where_it_stopped_and_gives_the_same_bytes(
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
-    said = re.fullmatch(rf"prepare_faces: interrupted; the detections of (\d+) of {len(EXPECTED)} photos are saved in "
-                        rf"{re.escape(str(work))}: run the same command again to continue", err.strip().splitlines()[-1])
+    said = re.fullmatch(rf"prepare_faces: interrupted; the detections of (\d+) of {len(EXPECTED)} photos are saved "
+                        rf"in {re.escape(str(work))}: run the same command again to continue",
+                        err.strip().splitlines()[-1])
     assert said and 3 <= int(said[1]) <= _entries(work), err
     assert not (again / "train.rec").exists()
 
