@@ -10,8 +10,8 @@ facenet-pytorch==2.6.0``, after ``pip install requests``, which it imports).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -156,7 +156,7 @@ class FaceDetector:
             both = (torch.cat([views, views.flip(3)]) - 127.5) * 0.0078125  # (2n, 3, 48, 48), as MTCNN scales
             _, found, _ = self._mtcnn.onet(both.contiguous(memory_format=torch.channels_last))  # (2n, 10): 5 x, 5 y
             found = found.double().cpu().numpy()
-            for k, ((_, face), matrix) in enumerate(zip(chunk, matrices)):
+            for k, matrix in enumerate(matrices):
                 seen = []
                 for row, mirrored in ((k, False), (len(chunk) + k, True)):
                     # O-Net gives each point as a fraction of the input's side; pixel centres are at integers.

@@ -31,8 +31,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -135,9 +136,10 @@ def _earlier(detector_class):
     return Earlier
 
 
-def _cpu_seconds(fn: Callable[[], Any]) -> tuple[float, Any]:
+def _cpu_seconds(fn: Callable[..., Any], *args: Any) -> tuple[float, Any]:
+    """CPU seconds of ``fn(*args)`` in this process, and its result."""
     start = time.process_time()
-    result = fn()
+    result = fn(*args)
     return time.process_time() - start, result
 
 
@@ -154,12 +156,12 @@ def per_photo(photos: Path, device: torch.device) -> dict[str, float]:
     files = sorted(photos.rglob("*.jpg"))
     detector.detect([read_photo(files[0])])  # warm-up
     for path in files:
-        seconds, image = _cpu_seconds(lambda: read_photo(path))
+        seconds, image = _cpu_seconds(read_photo, path)
         times["read_s"].append(seconds)
-        seconds, faces = _cpu_seconds(lambda: detector.detect([image])[0])
+        seconds, faces = _cpu_seconds(detector.detect, [image])
         times["detect_s"].append(seconds)
-        times["align_s"].append(_cpu_seconds(lambda: [crop(image, face.points) for face in faces])[0])
-        times["detect_640_canvas_s"].append(_cpu_seconds(lambda: earlier.detect([image]))[0])
+        times["align_s"].append(_cpu_seconds(lambda im, found: [crop(im, f.points) for f in found], image, faces[0])[0])
+        times["detect_640_canvas_s"].append(_cpu_seconds(earlier.detect, [image])[0])
     return {key: statistics.median(values) for key, values in times.items()}
 
 

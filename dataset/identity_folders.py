@@ -14,9 +14,9 @@ folder check, ``prepare_faces`` and (through the dataset) ``overlap`` all list f
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 from utils.files import path_problem
 

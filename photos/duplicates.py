@@ -10,7 +10,7 @@ photos. See docs/data.md ("From your own photos", report.csv).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch

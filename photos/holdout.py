@@ -8,7 +8,7 @@ docs/data.md ("From your own photos", Output).
 from __future__ import annotations
 
 import itertools
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

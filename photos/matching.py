@@ -13,9 +13,9 @@ every checked face goes into report.csv. See docs/data.md ("From your own photos
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 import torch

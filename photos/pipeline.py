@@ -14,9 +14,10 @@ rounding. Photos with given landmarks are aligned at them, not detected, and not
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch

@@ -126,18 +126,23 @@ def test_on_a_gpu_the_main_process_detects_what_the_workers_read(tmp_path, monke
     """A detector on a GPU (here one that says so) gets the photos read by the DataLoader, in batches of
     --batch-size, in the main process; the output is the CPU path's."""
     photos = _noise_photos(tmp_path / "photos", ["a/1.png", "a/2.png", "b/1.png", "b/2.png", "c/1.png"])
+    class Counted(_FakeDetector):
+        def __init__(self, device: str) -> None:
+            super().__init__()
+            self.device, self.batches = torch.device(device), []
+
+        def detect(self, images):
+            self.batches.append(len(images))
+            return super().detect(images)
+
     outputs = {}
     for device in ("cpu", "cuda"):
-        detector = _FakeDetector()
-        detector.device = torch.device(device)
-        batches = []
-        detect = detector.detect
-        detector.detect = lambda images: batches.append(len(images)) or detect(images)
-        monkeypatch.setattr(prepare_module, "make_detector", lambda settings, device: detector)
+        detector = Counted(device)
+        monkeypatch.setattr(prepare_module, "make_detector", lambda settings, device, made=detector: made)
         out = tmp_path / device
         prepare(photos, out, Settings("match", 0.9, 40.0, 640, 2, device), torch.device("cpu"))
         outputs[device] = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != STAMP}
-        assert batches == ([1] * 5 if device == "cpu" else [2, 2, 1]), (device, batches)
+        assert detector.batches == ([1] * 5 if device == "cpu" else [2, 2, 1]), (device, detector.batches)
     assert outputs["cpu"] == outputs["cuda"]
 
 

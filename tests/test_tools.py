@@ -11,8 +11,17 @@ import sys
 import pytest
 
 from tests.helpers import ROOT
-from utils.cli import (EXIT_BAD_DATA, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USAGE, BadData, Progress, UsageError,
-                       quiet_interrupt, run_tool)
+from utils.cli import (
+    EXIT_BAD_DATA,
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    EXIT_USAGE,
+    BadData,
+    Progress,
+    UsageError,
+    quiet_interrupt,
+    run_tool,
+)
 from utils.files import staged
 
 
