@@ -7,12 +7,13 @@ wrong; ``FaceDetector`` (``alignment.detect``) finds faces and their landmarks i
 5-point similarity transform. ``align_photo`` puts the three together for one photo (``scripts/inference.py
 --align``, ``scripts/compare.py``); ``scripts/prepare_faces.py`` runs them over a folder of photos.
 """
-from alignment.detect import DetectorUnavailable, Face, FaceDetector, choose_faces
-from alignment.photos import PhotoError, read_photo
+from alignment.detect import DetectorUnavailable, Face, FaceDetector, choose_faces, detection_scale
+from alignment.photos import PhotoError, read_photo, read_photo_bytes, register_plugins
 from alignment.template import ARCFACE_TEMPLATE, CROP_SIZE, align_face, similarity_transform, warp_to_template
 
 __all__ = ["ARCFACE_TEMPLATE", "CROP_SIZE", "DetectorUnavailable", "Face", "FaceDetector", "PhotoError",
-           "align_face", "align_photo", "choose_faces", "read_photo", "similarity_transform", "warp_to_template"]
+           "align_face", "align_photo", "choose_faces", "detection_scale", "read_photo", "read_photo_bytes",
+           "register_plugins", "similarity_transform", "warp_to_template"]
 
 
 def align_photo(path, detector: FaceDetector, multi: str = "largest"):

@@ -52,21 +52,31 @@ def apply_transform(matrix: np.ndarray, points: np.ndarray) -> np.ndarray:
 def warp_to_template(image: torch.Tensor, matrix: np.ndarray, size: int = CROP_SIZE) -> torch.Tensor:
     """The ``size x size`` crop whose pixel ``(x, y)`` is ``image`` at ``M⁻¹ (x, y)``: ``image`` (3, H, W) uint8 (any
     device), ``matrix`` (2, 3) from photo to crop coordinates. Bilinear interpolation (``grid_sample``); where the
-    crop reaches outside the photo it is black, as in the insightface crops. Returns (3, size, size) uint8."""
+    crop reaches outside the photo it is black, as in the insightface crops. Returns (3, size, size) uint8.
+
+    Only the photo's pixels under the crop (its corners' preimages and one pixel around them, for the bilinear
+    neighbours) are converted to float and sampled, so the cost does not grow with the photo's size."""
     if image.dtype != torch.uint8 or image.ndim != 3 or image.shape[0] != 3:
         raise ValueError(f"warp_to_template needs a (3, H, W) uint8 image; got {tuple(image.shape)} {image.dtype}")
     height, width = image.shape[1:]
-    full = np.vstack([matrix, [0.0, 0.0, 1.0]])
-    inverse = np.linalg.inv(full)[:2]  # crop -> photo
-    # Photo pixel coordinates of every crop pixel centre, then grid_sample's [-1, 1] with align_corners=True
+    inverse = np.linalg.inv(np.vstack([matrix, [0.0, 0.0, 1.0]]))[:2]  # crop -> photo
+    corners = apply_transform(inverse, np.array([[0.0, 0.0], [size - 1, 0.0], [0.0, size - 1], [size - 1, size - 1]]))
+    x0, y0 = (max(int(np.floor(v)) - 1, 0) for v in corners.min(0))
+    x1, y1 = min(int(np.floor(corners[:, 0].max())) + 2, width), min(int(np.floor(corners[:, 1].max())) + 2, height)
+    if x0 >= x1 or y0 >= y1:  # the crop lies wholly outside the photo
+        return torch.zeros((3, size, size), dtype=torch.uint8, device=image.device)
+    region = image[:, y0:y1, x0:x1]  # (3, h, w): every pixel a crop pixel's bilinear sample reads
+    inverse[:, 2] -= (x0, y0)  # crop -> region
+    height, width = y1 - y0, x1 - x0
+    # Region pixel coordinates of every crop pixel centre, then grid_sample's [-1, 1] with align_corners=True
     # (-1 and 1 are the centres of the first and last pixels).
     to_unit = np.array([[2.0 / max(width - 1, 1), 0.0, -1.0], [0.0, 2.0 / max(height - 1, 1), -1.0]])
-    theta = to_unit @ np.vstack([inverse, [0.0, 0.0, 1.0]])  # (2, 3): crop pixel (x, y, 1) -> unit photo coords
+    theta = to_unit @ np.vstack([inverse, [0.0, 0.0, 1.0]])  # (2, 3): crop pixel (x, y, 1) -> unit region coords
     coords = torch.arange(size, dtype=torch.float64, device=image.device)
     ys, xs = torch.meshgrid(coords, coords, indexing="ij")  # (size, size) each
     pixels = torch.stack([xs, ys, torch.ones_like(xs)], dim=-1)  # (size, size, 3)
     grid = pixels @ torch.as_tensor(theta, device=image.device).T  # (size, size, 2) as (x, y)
-    crop = F.grid_sample(image[None].float(), grid[None].float(), mode="bilinear", padding_mode="zeros",
+    crop = F.grid_sample(region[None].float(), grid[None].float(), mode="bilinear", padding_mode="zeros",
                          align_corners=True)  # (1, 3, size, size)
     return crop[0].round_().clamp_(0, 255).to(torch.uint8)
 

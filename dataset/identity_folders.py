@@ -5,7 +5,8 @@ in sub-folders too (``alice/2020/2.jpg`` is alice's), is that identity's. Hidden
 a dot: ``.ipynb_checkpoints``, ``.DS_Store``, ``._x.jpg``) and the folders and files operating systems and
 NAS boxes leave (``__MACOSX``, ``@eaDir``, ``Thumbs.db``, ``desktop.ini``, ...) are no identity and no image:
 they are left out unlooked-into and named once (``IdentityFolders.ignored_note``). Which files are images is
-the caller's suffix set (training decodes JPEG/PNG; ``photos`` takes every format Pillow reads). An identity
+the caller's suffix set (training decodes JPEG/PNG; ``photos`` takes every format Pillow reads), and, for a
+caller that passes ``sniff``, the content of a file whose suffix is not in it. An identity
 folder without an image is no class. Training's image-folder dataset, ``make_rec --images``, ``rec_info``'s
 folder check, ``prepare_faces`` and (through the dataset) ``overlap`` all list folders with
 ``identity_folders``. See docs/data.md.
@@ -13,9 +14,9 @@ folder check, ``prepare_faces`` and (through the dataset) ``overlap`` all list f
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from utils.files import path_problem
 
@@ -50,7 +51,7 @@ class IdentityFolders:
     files: dict[str, list[Path]]  # identity -> its images, by name relative to root
     ignored: list[str]  # hidden and system entries, left out (a folder's content not listed)
     loose: list[str]  # files directly in root, in no identity
-    other_files: list[str]  # files in identity folders without one of the suffixes
+    other_files: list[str]  # files in identity folders that are not images (no suffix of the set, not sniffed)
     unlisted: list[str]  # "folder: why" of folders that could not be listed
 
     @property
@@ -81,9 +82,11 @@ class IdentityFolders:
                                                                if len(self.unlisted) > 1 else ""))
 
 
-def identity_folders(root: str | os.PathLike, suffixes: Sequence[str]) -> IdentityFolders:
+def identity_folders(root: str | os.PathLike, suffixes: Sequence[str],
+                     sniff: Callable[[Path], bool] | None = None) -> IdentityFolders:
     """The identity folders of ``root`` and their files with one of ``suffixes`` (lower case, with the dot;
-    matched case-insensitively). ``FileNotFoundError`` when ``root`` is not a folder."""
+    matched case-insensitively), and those without one for which ``sniff(path)`` says the content is an image.
+    ``FileNotFoundError`` when ``root`` is not a folder."""
     root = Path(root)
     if (problem := path_problem(root, folder=True)) is not None:
         raise FileNotFoundError(f"image folder {root} {'does not exist' if problem == 'not found' else problem}")
@@ -112,7 +115,7 @@ def identity_folders(root: str | os.PathLike, suffixes: Sequence[str]) -> Identi
                 relative = _relative(root, folder, file)
                 if is_ignored(file):
                     ignored.append(relative)
-                elif os.path.splitext(file)[1].lower() in suffixes:
+                elif os.path.splitext(file)[1].lower() in suffixes or (sniff is not None and sniff(root / relative)):
                     found.append(relative)
                 else:
                     other_files.append(relative)

@@ -1,10 +1,11 @@
 """The input of the photo pipeline: which photos, of which identity, in which order, and given landmarks.
 
-A photo folder is listed by the project's one identity-folder rule (``dataset.identity_folders``) with every
-suffix Pillow reads here (``PHOTO_SUFFIXES``); a list file holds ``path label`` lines. ``sorted_photos`` puts
-them in the order of the report and the records (class ids follow ``identity_order``); ``read_landmarks`` reads
-the five points a user gives for some photos. What is left out is logged (``photos`` logger). See docs/data.md
-("From your own photos").
+A photo folder is listed by the project's one identity-folder rule (``dataset.identity_folders``): a file is a
+photo when its suffix is one of a format the installed Pillow and its plug-ins open (``photo_suffixes``), or, for
+any other suffix, when Pillow recognises its content (``is_photo``); a list file holds ``path label`` lines.
+``sorted_photos`` puts them in the order of the report and the records (class ids follow ``identity_order``);
+``read_landmarks`` reads the five points a user gives for some photos. What is left out is logged (``photos``
+logger). See docs/data.md ("From your own photos").
 """
 from __future__ import annotations
 
@@ -14,18 +15,21 @@ import json
 import logging
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
+from alignment import register_plugins
 from dataset.identity_folders import identity_folders, names_shown
 from utils.cli import UsageError
 
 logger = logging.getLogger(__name__)
 
-PHOTO_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".gif")
+# Photo formats Pillow reads only through a plug-in, and the package that adds it.
+PLUGIN_SUFFIXES = {".heic": "pillow-heif", ".heif": "pillow-heif", ".hif": "pillow-heif"}
 
 
 @dataclass(frozen=True)
@@ -42,10 +46,36 @@ def count(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
 
 
+def photo_suffixes() -> tuple[str, ...]:
+    """The file-name suffixes (lower case, with the dot) of every format the installed Pillow and its registered
+    plug-ins (``alignment.register_plugins``) can open."""
+    from PIL import Image
+
+    register_plugins()
+    Image.init()
+    return tuple(sorted(ext for ext, fmt in Image.registered_extensions().items() if fmt in Image.OPEN))
+
+
+def is_photo(path: Path) -> bool:
+    """Whether Pillow (with its plug-ins) recognises ``path``'s content as an image it opens; only the header is
+    read. A decompression bomb is an image (``alignment.read_photo`` names it)."""
+    from PIL import Image
+
+    register_plugins()
+    try:
+        with Image.open(path):
+            return True
+    except Image.DecompressionBombError:
+        return True
+    except (OSError, ValueError, SyntaxError):  # not an image (UnidentifiedImageError), or unreadable
+        return False
+
+
 def list_photo_folder(root: Path) -> list[Photo]:
     """Every photo of ``root``'s identity folders (sub-folders included), by identity then name; hidden and system
-    entries, files beside the identity folders and files without a photo suffix are logged and left out."""
-    listing = identity_folders(root, PHOTO_SUFFIXES)
+    entries, files beside the identity folders and files that are no image Pillow opens are logged and left
+    out."""
+    listing = identity_folders(root, photo_suffixes(), sniff=is_photo)
     if not listing.identities:
         raise UsageError(f"{root} holds no identity folders; expected {root}/<identity>/<photo> (or a list file "
                          f"of 'path label' lines)")
@@ -57,13 +87,16 @@ def list_photo_folder(root: Path) -> list[Photo]:
     for unlisted in listing.unlisted:
         logger.info("cannot list %s; its photos are left out", unlisted)
     if listing.other_files:
-        logger.info("%s without a photo suffix (%s) ignored: %s", count(len(listing.other_files), "file", "files"),
-                    " ".join(PHOTO_SUFFIXES), names_shown(listing.other_files))
+        plugins = sorted({PLUGIN_SUFFIXES[suffix] for name in listing.other_files
+                          if (suffix := os.path.splitext(name)[1].lower()) in PLUGIN_SUFFIXES})
+        needs = f" ({', '.join(plugins)} reads some of them: pip install {' '.join(plugins)})" if plugins else ""
+        logger.info("%s ignored, not %s Pillow reads%s: %s", count(len(listing.other_files), "file", "files"),
+                    "an image" if len(listing.other_files) == 1 else "images", needs, names_shown(listing.other_files))
     photos = [Photo(path, path.relative_to(root).as_posix(), identity)
               for identity in listing.classes for path in listing.files[identity]]
     if not photos:
-        raise UsageError(f"{root}: no photos in its {len(listing.identities)} identity folders (suffixes "
-                         f"{' '.join(PHOTO_SUFFIXES)})")
+        raise UsageError(f"{root}: no photos in its {len(listing.identities)} identity folders (no file that "
+                         f"Pillow reads as an image)")
     return photos
 
 

@@ -1,10 +1,13 @@
-"""The resumable work folder ``OUT_DIR/.prepare_faces-work``: each photo's result, saved in chunks.
+"""The work folder ``OUT_DIR/.prepare_faces-work``: every photo's detections, kept between runs.
 
-``work.json`` says what the results are of (the input's fingerprint and the settings); one
-``chunk-NNNNNN.pt`` per ``chunk_size`` photos holds their results, each written atomically, so a chunk on disk is
-complete. A run started again with the same input and settings continues after the last saved chunk, and its
-output is byte-identical to an uninterrupted run's; other work in the folder is discarded. The chunks are read
-with ``utils.files.load_tensors`` (no pickle). See docs/data.md ("From your own photos", Interruptions).
+A photo's entry (its size, its thumbnail for ``photos.duplicates``, and every face the detector found: box, score,
+landmarks and the aligned crop as JPEG bytes; plain numbers, lists and bytes) is saved as soon as the photo is
+done, under ``detections/<settings>/<ab>/<sha256 of the file>.pt``: keyed by the photo's content and by the
+detector's settings (``DetectorSettings``), never by its name or by the policy. So a run that is interrupted
+continues where it stopped, a renamed or copied photo is not detected again, and a run with another policy,
+thresholds, ``--multi``, model or holdout only decides and packs. Entries are written atomically and read with
+``utils.files.load_tensors`` (no pickle); one that cannot be read is detected again. The folder is kept after a
+run; removing it only costs the detection. See docs/data.md ("From your own photos", Detections).
 """
 from __future__ import annotations
 
@@ -12,18 +15,19 @@ import hashlib
 import json
 import logging
 import shutil
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from photos.listing import Photo
-from utils.files import atomic_write, load_tensors
+from utils.files import atomic_write, load_tensors, save_atomic
 
 logger = logging.getLogger(__name__)
 
 WORK = ".prepare_faces-work"
-WORK_FORMAT = 1
+WORK_FORMAT = 2  # 1: the chunked results of one run (before detections were kept)
+# What the detections of a photo are a function of besides its content and DetectorSettings: raise it when the
+# detection or the alignment changes what they give.
+DETECTOR_VERSION = 2
 
 
 def json_bytes(obj: Any) -> bytes:
@@ -39,64 +43,62 @@ def read_json(path: Path) -> Any:
         return None
 
 
-def fingerprint(photos: list[Photo]) -> str:
-    """What identifies the input: every photo's name, identity, size and modification time."""
-    digest = hashlib.sha256()
-    for photo in photos:
-        try:
-            st = photo.path.stat()
-            stat = f"{st.st_size}\t{st.st_mtime_ns}"
-        except OSError:
-            stat = "-"
-        digest.update(f"{photo.name}\t{photo.identity}\t{stat}\n".encode())
-    return digest.hexdigest()
+def content_key(data: bytes) -> str:
+    """The key of a photo's entry: the SHA-256 of the file's bytes."""
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True)
+class DetectorSettings:
+    """What a photo's detections depend on besides its content: the detection canvas (``--detect-size``), the
+    smallest face a small photo is enlarged for (``alignment.detection_scale``), and the device type (a GPU may
+    differ from the CPU in the last bits)."""
+
+    detect_size: int
+    smallest_face: float
+    device: str
+    version: int = DETECTOR_VERSION
+
+    def digest(self) -> str:
+        return hashlib.sha256(json_bytes(asdict(self))).hexdigest()[:16]
 
 
 class WorkFolder:
-    """``out/.prepare_faces-work`` for the work ``stamp`` describes (``stamp["photos"]`` photos, its
-    ``settings.chunk_size`` per chunk)."""
+    """``out/.prepare_faces-work``, holding the detections made under ``settings``."""
 
-    def __init__(self, out: Path, stamp: dict) -> None:
-        self.dir, self.stamp = out / WORK, stamp
-        self.chunk_size, self.photos = stamp["settings"]["chunk_size"], stamp["photos"]
+    def __init__(self, out: Path, settings: DetectorSettings) -> None:
+        self.root = out / WORK
+        self.dir = self.root / "detections" / settings.digest()
+        self.settings = settings
+        self.present = 0  # photos of this run whose entry is in the folder (read or saved)
 
     def open(self) -> None:
-        """Keep the results of the same work, or start over."""
-        saved = read_json(self.dir / "work.json")
-        if saved != self.stamp:
-            if self.dir.exists():
-                if saved is not None:
-                    logger.info("%s holds the work of other photos or settings; starting over", self.dir)
-                shutil.rmtree(self.dir)
-            self.dir.mkdir(parents=True)
-            atomic_write(self.dir / "work.json", lambda f: f.write(json_bytes(self.stamp)))
-        if done := self.done_photos():
-            logger.info("continuing: %d of %d photos already done (%s)", done, self.photos, self.dir)
+        """Create the folder; work of an earlier format (the chunks of one run) is removed."""
+        stamp = read_json(self.root / "work.json")
+        if self.root.exists() and stamp != {"format": WORK_FORMAT}:
+            logger.info("%s holds the work of an earlier version of the tool; starting over", self.root)
+            shutil.rmtree(self.root)
+        if not (self.dir / "settings.json").is_file():
+            self.dir.mkdir(parents=True, exist_ok=True)
+            atomic_write(self.dir / "settings.json", lambda f: f.write(json_bytes(asdict(self.settings))))
+        if not (self.root / "work.json").is_file():
+            atomic_write(self.root / "work.json", lambda f: f.write(json_bytes({"format": WORK_FORMAT})))
 
-    def chunks(self) -> range:
-        return range(-(-self.photos // self.chunk_size))
+    def path(self, key: str) -> Path:
+        return self.dir / key[:2] / f"{key}.pt"
 
-    def photo_range(self, chunk: int) -> range:
-        return range(chunk * self.chunk_size, min((chunk + 1) * self.chunk_size, self.photos))
+    def has(self, key: str) -> bool:
+        return self.path(key).is_file()
 
-    def _path(self, chunk: int) -> Path:
-        return self.dir / f"chunk-{chunk:06d}.pt"
+    def load(self, key: str) -> dict | None:
+        """The entry saved under ``key``; None when there is none or it cannot be read (then it is made again)."""
+        if not self.has(key):
+            return None
+        try:
+            entry = load_tensors(self.path(key))
+        except Exception:  # whatever a damaged file makes torch's unpickler raise (KeyError, EOFError, ...)
+            return None
+        return entry if isinstance(entry, dict) and entry.get("format") == WORK_FORMAT else None
 
-    def done_chunks(self) -> list[int]:
-        return [c for c in self.chunks() if self._path(c).is_file()]
-
-    def done_photos(self) -> int:
-        return sum(len(self.photo_range(c)) for c in self.done_chunks())
-
-    def save(self, chunk: int, results: list[dict]) -> None:
-        atomic_write(self._path(chunk), lambda f: torch.save({"format": WORK_FORMAT, "results": results}, f))
-
-    def load(self) -> list[dict]:
-        """Every photo's result, in the photos' order."""
-        results = []
-        for chunk in self.chunks():
-            saved = load_tensors(self._path(chunk))
-            if saved.get("format") != WORK_FORMAT or len(saved["results"]) != len(self.photo_range(chunk)):
-                raise ValueError(f"{self._path(chunk)}: not a chunk of this work; delete {self.dir} and run again")
-            results.extend(saved["results"])
-        return results
+    def save(self, key: str, entry: dict) -> None:
+        save_atomic({**entry, "format": WORK_FORMAT}, self.path(key))

@@ -239,3 +239,71 @@ def test_choose_faces_policies():
     assert choose_faces(faces, (400, 400), "all") == faces
     with pytest.raises(ValueError, match="largest, skip or all"):
         choose_faces(faces, (400, 400), "first")
+
+
+# ------------------------------------------------------------------------------------------ speed's contracts
+
+def test_a_crop_depends_only_on_the_photo_pixels_under_it():
+    """The warp reads only the region under the crop (and a pixel around it): the rest of the photo can be
+    anything, and a photo many times the crop's size gives the crop of that region alone."""
+    g = torch.Generator().manual_seed(1)
+    photo = torch.randint(0, 256, (3, 900, 1200), generator=g, dtype=torch.uint8)
+    matrix = _similarity(17, 0.4, -200, -60)  # photo -> crop: a face of about 280 px, turned
+    region = np.linalg.inv(np.vstack([matrix, [0, 0, 1]]))[:2]
+    corners = apply_transform(region, np.array([[0, 0], [111, 0], [0, 111], [111, 111]], dtype=float))
+    x0, y0 = np.maximum(np.floor(corners.min(0)).astype(int) - 1, 0)
+    x1, y1 = np.floor(corners.max(0)).astype(int) + 2
+    assert x1 - x0 < 400 and y1 - y0 < 400  # a small part of the photo
+    elsewhere = torch.randint(0, 256, photo.shape, generator=g, dtype=torch.uint8)
+    elsewhere[:, y0:y1, x0:x1] = photo[:, y0:y1, x0:x1]
+    assert torch.equal(warp_to_template(photo, matrix), warp_to_template(elsewhere, matrix))
+    # A crop wholly outside the photo is black.
+    assert not warp_to_template(photo, _similarity(0, 1.0, 5000, 0)).any()
+
+
+def test_a_jpeg_is_decoded_to_pillow_s_pixels_and_the_bytes_read_decode_as_the_file(tmp_path):
+    """JPEGs go through libjpeg-turbo straight into a tensor: the pixels Pillow decodes, upright; a broken one is a
+    PhotoError; bytes already read decode as the file does (the path then only names it)."""
+    from PIL import Image
+
+    from alignment import read_photo_bytes
+
+    pixels = np.random.default_rng(0).integers(0, 256, (300, 400, 3), dtype=np.uint8)
+    for mode in ("RGB", "L"):
+        Image.fromarray(pixels).convert(mode).save(tmp_path / f"{mode}.jpg", quality=90)
+        with Image.open(tmp_path / f"{mode}.jpg") as image:
+            expected = np.asarray(image.convert("RGB")).transpose(2, 0, 1)
+        np.testing.assert_array_equal(read_photo(tmp_path / f"{mode}.jpg").numpy(), expected)
+    data = read_photo_bytes(tmp_path / "RGB.jpg")
+    assert torch.equal(read_photo(tmp_path / "elsewhere.jpg", data=data), read_photo(tmp_path / "RGB.jpg"))
+    with pytest.raises(PhotoError, match="elsewhere.jpg: an empty file"):
+        read_photo(tmp_path / "elsewhere.jpg", data=b"")
+    with pytest.raises(PhotoError, match=r"half.jpg: cannot decode: \S"):
+        read_photo(tmp_path / "half.jpg", data=data[:len(data) // 2])
+
+
+def test_small_photos_are_not_enlarged_and_large_ones_fit_the_canvas():
+    from alignment import detection_scale
+
+    assert detection_scale(112, 92, 640, 20) == 1.0  # MTCNN finds 20 px faces as they are
+    assert detection_scale(112, 92, 640, 10) == 2.0  # a smaller face of interest: enlarged that much
+    assert detection_scale(112, 92, 640, 0) == 640 / 112  # every face: onto the canvas (the earlier way)
+    assert detection_scale(3000, 4000, 640, 20) == 640 / 4000
+
+
+def test_a_photo_s_faces_barely_depend_on_its_batch():
+    """The detections of a photo are the same, to a hundredth of a pixel, alone or in a batch with photos of
+    another size or the same size (the last bits may differ: photos.pipeline detects a photo alone on the CPU)."""
+    pytest.importorskip("facenet_pytorch", reason="the face detector is not installed: pip install --no-deps -r "
+                                                  "requirements-faces.txt")
+    from alignment import FaceDetector
+
+    detector = FaceDetector(min_score=0.0, min_face_size=0.0)
+    original = _astronaut()
+    photo = _tensor(original)
+    other = _tensor(_moved(original, _similarity(10, 0.7, 40, 30), (500, 420)))
+    twin = _tensor(_moved(original, _similarity(-5, 0.9, 0, 10), (512, 512)))
+    alone, batched = detector.detect([photo])[0], detector.detect([other, photo, twin])[1]
+    assert len(alone) == len(batched) == 1
+    assert np.abs(np.array(alone[0].box) - batched[0].box).max() < 0.01
+    assert np.abs(alone[0].points - batched[0].points).max() < 0.01

@@ -203,6 +203,22 @@ def test_loader_bench_end_to_end(tmp_path):
     assert result["rec"] == "generated" and result["dataset_images"] == 32
 
 
+@pytest.mark.timeout(200)
+def test_prepare_faces_bench_end_to_end(tmp_path):
+    """bench/prepare_faces.py on a few small photos: photos/s end to end and each stage's time per photo, beside
+    the earlier canvas's detection."""
+    pytest.importorskip("facenet_pytorch")
+    pytest.importorskip("skimage")
+    result = _run_script(["bench/prepare_faces.py", "--sizes", "small", "--photos", "4", "--repeats", "1",
+                          "--workers", "0", "--device", "cpu"], tmp_path / "prepare.json", timeout=180)
+    small = result["results"]["small"]
+    assert small["photos"] == 4 and small["min"] <= small["photos_per_s"] <= small["max"]
+    assert small["summary"].startswith("prepare_faces: 4 photos: 4 kept"), small["summary"]
+    for key in ("cpu_s_per_photo", "read_s", "detect_s", "align_s", "detect_640_canvas_s"):
+        assert small[key] > 0, (key, small)
+    assert result["config"]["device"] == "cpu" and len(result["config"]["load_average"]) == 3
+
+
 def test_plan_cli_json(tmp_path):
     result = _run_script(["bench/plan.py", "--num-classes", "29000000", "--gpus", "8", "--sample-rate", "0.1",
                           "--embedding-size", "512", "--batch-size", "128", "--dtype", "fp16"], tmp_path / "plan.json",

@@ -131,3 +131,19 @@ def test_tool_messages_prints_a_package_s_log_as_the_tool_s_lines_and_puts_the_l
                                                         "make_rec: warning: 2 of 5 classes have no images"]
     assert (logging.getLogger("dataset").handlers, logging.getLogger("dataset").propagate) == before
 
+
+
+def test_a_reader_may_decide_by_content_what_its_suffixes_leave_out(messy):
+    """``sniff`` is asked about each file without one of the suffixes (never about hidden or system files)."""
+    (messy / "bob" / "IMG_0002").write_bytes(_image(20))
+    (messy / "bob" / "notes.txt").write_text("not an image")
+    asked = []
+
+    def sniff(path: Path) -> bool:
+        asked.append(path.relative_to(messy).as_posix())
+        return path.read_bytes()[:2] == b"\xff\xd8"  # a JPEG
+
+    listing = identity_folders(messy, (".jpg",), sniff=sniff)
+    assert listing.files["bob"] == [messy / "bob" / "1.jpg", messy / "bob" / "IMG_0002"]
+    assert listing.other_files == ["alice/2020/summer/3.png", "bob/notes.txt"]
+    assert sorted(asked) == ["alice/2020/summer/3.png", "bob/IMG_0002", "bob/notes.txt"]

@@ -2,11 +2,13 @@
 report.csv, preview.png.
 
 The photos are made from the one real face at hand, scikit-image's astronaut: five "identities" of her under
-different tints, rotations, scales and mirroring, plus photos without a face (noise, a flat colour), one with a
-second smaller face beside hers, a 16-bit PNG (readable), and bad files (truncated, empty, not an image, a
+different tints, places, rotations, scales and mirroring, plus photos without a face (noise, a flat colour), one
+with a second smaller face beside hers (left out: no model tells which face is bob's), a 16-bit grey copy of
+alice's first photo (readable, and marked as a duplicate), and bad files (truncated, empty, not an image, a
 decompression bomb, a dangling link, a file nobody may read). The main flow runs as a user types it, in a
 process; the photos go on to train.py and eval.verify. MTCNN takes about 0.2 s a photo on one core, so the sets
-stay small and the main output is made once per module.
+stay small and the main output is made once per module; the detections it keeps let the other runs over the
+same photos decide without detecting.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -28,7 +31,7 @@ import torch
 from torchvision.io import encode_jpeg
 
 from alignment import ARCFACE_TEMPLATE, align_face, read_photo
-from alignment.detect import INSTALL, Face
+from alignment.detect import INSTALL, Face, FaceDetector
 from alignment.template import apply_transform
 from dataset import build_dataset
 from dataset.recordio import write_insightface_rec
@@ -45,9 +48,8 @@ pytest.importorskip("facenet_pytorch")
 pytest.importorskip("skimage")
 
 SCRIPT = str(ROOT / "scripts" / "prepare_faces.py")
-# The flags of the main output: detection batches of 3 inside work chunks of 4 photos, so that a run continued
-# after an interruption has chunks done and chunks to do, and batches end at chunk ends.
-FLAGS = ["--holdout", "2", "--chunk-size", "4", "--batch-size", "3"]
+# The flags of the main output: batches of 3 photos, so that a run interrupted has photos done and photos to do.
+FLAGS = ["--holdout", "2", "--batch-size", "3"]
 TINTS = {"alice": (1.0, 1.0, 1.0), "bob": (1.15, 0.95, 0.8), "carol": (0.8, 0.95, 1.15), "dave": (0.9, 1.1, 0.9),
          "eve": (1.1, 0.85, 1.1)}
 ROOT_USER = os.geteuid() == 0  # root reads a file whatever its mode: the chmod 000 photo is left out
@@ -96,7 +98,7 @@ EXPECTED = {
     "alice/0.jpg": ("kept", ""), "alice/1.jpg": ("kept", ""), "alice/2.png": ("kept", ""),
     "alice/3.jpg": ("no_face", "no face found"), "alice/4-16bit.png": ("kept", ""),
     "bob/0.jpg": ("kept", ""), "bob/1.jpg": ("kept", ""), "bob/2.webp": ("kept", ""),
-    "bob/3-two-faces.jpg": ("kept", "the largest of 2 faces, nearest the centre"),
+    "bob/3-two-faces.jpg": ("several_faces", "2 faces: telling which is the identity's needs a recognition model"),
     "bob/4-truncated.jpg": ("unreadable", "cannot decode"),
     "carol/0.jpg": ("kept", ""), "carol/1.jpg": ("kept", ""), "carol/2.png": ("kept", ""),
     "carol/3-flat.png": ("no_face", "no face found"), "carol/4-empty.jpg": ("unreadable", "an empty file"),
@@ -117,12 +119,13 @@ def make_photos(root: Path) -> Path:
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_bytes(data)
 
-    for identity, tint in TINTS.items():
-        put(f"{identity}/0.jpg", _encoded(astronaut(0, 1.0, tint), "JPEG", quality=90))
-        put(f"{identity}/1.jpg", _encoded(astronaut(12, 0.8, tint, canvas=(700, 600)), "JPEG", quality=90))
+    for k, (identity, tint) in enumerate(TINTS.items()):
+        shift = (40 + 14 * k, 20 + 6 * k)  # each identity's photos elsewhere on the canvas: no copies of alice's
+        put(f"{identity}/0.jpg", _encoded(astronaut(0, 1.0, tint, at=shift), "JPEG", quality=90))
+        put(f"{identity}/1.jpg", _encoded(astronaut(12, 0.8, tint, canvas=(700, 600), at=shift), "JPEG", quality=90))
         put(f"{identity}/2.{'webp' if identity == 'bob' else 'png'}",
-            _encoded(astronaut(-10, 0.6, tint, mirror=True, canvas=(500, 480)), "WEBP" if identity == "bob" else "PNG",
-                     **({"quality": 90} if identity == "bob" else {})))
+            _encoded(astronaut(-10, 0.6, tint, mirror=True, canvas=(500, 480), at=shift),
+                     "WEBP" if identity == "bob" else "PNG", **({"quality": 90} if identity == "bob" else {})))
     rng = np.random.default_rng(0)
     put("alice/3.jpg", _encoded(Image.fromarray(rng.integers(0, 256, (300, 400, 3), dtype=np.uint8)), "JPEG"))
     gray = np.asarray(astronaut().convert("L"), np.uint16) * 257  # 16 bits per pixel, 0..65535
@@ -205,19 +208,21 @@ def test_every_photo_gets_its_decision_in_the_report_and_one_summary_line(made):
         assert row["status"] == status or (status == "kept" and row["status"] == "holdout"), row
         assert reason in row["reason"], row
         if status == "kept":
-            assert float(row["score"]) >= 0.9 and row["faces"] == ("2" if "two-faces" in row["path"] else "1"), row
+            assert float(row["score"]) >= 0.9 and row["faces"] == "1", row
             assert len(row["box"].split()) == 4 and len(row["landmarks"].split()) == 10, row
-        else:
+        elif status != "several_faces":
             assert row["label"] == "" and row["landmarks"] == "", row
+        assert row["similarity"] == "", row  # no model
+        assert row["duplicate_of"] == ("alice/0.jpg" if row["path"] == "alice/4-16bit.png" else ""), row
     held = sorted({r["identity"] for r in rows if r["status"] == "holdout"})
     train_ids = [i for i in TINTS if i not in held]
     assert len(held) == 2 and all(r["label"] == "" for r in rows if r["status"] == "holdout")
     for row in rows:
         if row["status"] == "kept":
             assert row["label"] == str(train_ids.index(row["identity"])), row  # class ids follow sorted names
-    # The two-face photo keeps her large face, on the left, not the small one pasted at x >= 560.
+    # The photo with two faces is left out of bob's class, counted as such, and shows its best face.
     two = next(r for r in rows if "two-faces" in r["path"])
-    assert float(two["box"].split()[2]) < 400, two
+    assert two["label"] == "" and two["faces"] == "2" and len(two["landmarks"].split()) == 10, two
 
     # One line per unreadable photo on stderr, and the files without a photo suffix named once.
     unreadable = [p for p, (s, _) in EXPECTED.items() if s == "unreadable"]
@@ -228,13 +233,14 @@ def test_every_photo_gets_its_decision_in_the_report_and_one_summary_line(made):
     kept = sum(r["status"] in ("kept", "holdout") for r in rows)
     per_id = [sum(r["identity"] == i and r["status"] == "kept" for r in rows) for i in train_ids]
     held_faces = [sum(r["identity"] == i for r in rows if r["status"] == "holdout") for i in held]
-    pairs = 2 * min(sum(n * (n - 1) // 2 for n in held_faces), 1500)
-    summary = (f"prepare_faces: {len(rows)} photos: {kept} kept, 2 no face, 0 several faces, 0 below the "
-               f"thresholds, {len(unreadable)} unreadable; 3 identities in train.rec ({sum(per_id)} faces, "
-               f"{min(per_id)}-{max(per_id)} per identity), 2 held out in holdout.bin ({pairs} pairs)")
+    # Every same-identity pair but that of alice's photo and its grey copy, which is never a pair.
+    pairs = 2 * min(sum(n * (n - 1) // 2 for n in held_faces) - ("alice" in held), 1500)
+    summary = (f"prepare_faces: {len(rows)} photos: {kept} kept, 2 no face, 1 several faces, 0 below the "
+               f"thresholds, {len(unreadable)} unreadable, 1 duplicate; 3 identities in train.rec ({sum(per_id)} "
+               f"faces, {min(per_id)}-{max(per_id)} per identity), 2 held out in holdout.bin ({pairs} pairs)")
     assert proc.stdout.strip().splitlines() == [summary]
     assert json.loads((out / "prepare_faces.json").read_text())["summary"] == summary
-    assert sorted(p.name for p in out.iterdir()) == sorted(OUTPUT_FILES)  # the work folder is gone
+    assert sorted(p.name for p in out.iterdir()) == sorted([*OUTPUT_FILES, WORK])  # the detections are kept
 
 
 @pytest.mark.timeout(120)
@@ -311,11 +317,16 @@ def test_the_same_input_gives_the_same_bytes(made, tmp_path):
     assert tree_digest(photos) == before
 
 
-def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 200) -> None:
+def _entries(work: Path) -> int:
+    """How many photos' detections the work folder holds."""
+    return len(list(work.glob("detections/*/*/*.pt")))
+
+
+def _wait_for_entries(work: Path, count: int, proc: subprocess.Popen, timeout: float = 200) -> None:
     deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert proc.poll() is None, f"the run ended ({proc.returncode}) before {path.name} was written"
-        assert time.monotonic() < deadline, f"no {path} after {timeout} s"
+    while _entries(work) < count:
+        assert proc.poll() is None, f"the run ended ({proc.returncode}) before {count} photos were saved"
+        assert time.monotonic() < deadline, f"fewer than {count} photos saved in {work} after {timeout} s"
         time.sleep(0.01)
 
 
@@ -326,33 +337,33 @@ def test_an_interrupted_run_continues_where_it_stopped_and_gives_the_same_bytes(
     work = again / WORK
     command = [sys.executable, SCRIPT, str(photos), str(again), *FLAGS, "--workers", "0"]
 
-    # Ctrl-C after the first chunk: exit 130, one line saying how much is saved and how to go on. (A suite started
-    # in the background of a shell inherits SIGINT ignored, and so would the tool: it gets the terminal's default.)
+    # Ctrl-C after a batch: exit 130, one line saying how much is saved and how to go on. (A suite started in the
+    # background of a shell inherits SIGINT ignored, and so would the tool: it gets the terminal's default.)
     proc = subprocess.Popen(command, cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    _wait_for(work / "chunk-000000.pt", proc)
+    _wait_for_entries(work, 3, proc)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
-    done = len(list(work.glob("chunk-*.pt")))
-    assert err.strip().splitlines()[-1] == (f"prepare_faces: interrupted; {min(4 * done, len(EXPECTED))} of "
-                                            f"{len(EXPECTED)} photos are saved in {work}: run the same command again "
-                                            f"to continue")
+    said = re.fullmatch(rf"prepare_faces: interrupted; the detections of (\d+) of {len(EXPECTED)} photos are saved "
+                        rf"in {re.escape(str(work))}: run the same command again to continue",
+                        err.strip().splitlines()[-1])
+    assert said and 3 <= int(said[1]) <= _entries(work), err
     assert not (again / "train.rec").exists()
 
-    # Killed outright (no clean-up at all) after one more chunk.
+    # Killed outright (no clean-up at all) after more photos.
     proc = subprocess.Popen(command, cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
-    _wait_for(work / f"chunk-{done:06d}.pt", proc)
+    _wait_for_entries(work, _entries(work) + 3, proc)
     proc.kill()
     proc.communicate(timeout=60)
     assert not (again / "train.rec").exists()
-    done = len(list(work.glob("chunk-*.pt")))
-    assert 2 <= done < -(-len(EXPECTED) // 4), done  # chunks of 4 photos
+    done = _entries(work)
+    assert 6 <= done < len(EXPECTED), done
 
     proc = cli(photos, again, *FLAGS, "--workers", "0", timeout=280)
     assert proc.returncode == 0, proc.stderr
-    assert f"prepare_faces: continuing: {4 * done} of {len(EXPECTED)} photos already done" in proc.stderr
+    assert f"prepare_faces: {done} of {len(EXPECTED)} photos detected in an earlier run" in proc.stderr
     assert output_bytes(again) == output_bytes(out)
     assert tree_digest(photos) == before
 
@@ -365,7 +376,7 @@ def _face(box, score: float = 0.99) -> Face:
 
 
 def _settings(**changes) -> FacePolicy:
-    return FacePolicy(**changes)  # the defaults: largest, 0.9, 40 (the tool's)
+    return FacePolicy(**changes)  # the defaults: match, 0.9, 40 (the tool's)
 
 
 def test_the_policy_decides_and_says_why():
@@ -377,8 +388,9 @@ def test_the_policy_decides_and_says_why():
     assert reason == "the best face scores 0.8000, below --min-score 0.9"
     status, _, shown, _, reason = decide([_face((0, 0, 30, 30))], size, _settings())
     assert status == "small_face" and reason == "the largest face is 30 px, below --min-face-size 40"
-    # Several faces: the largest, and among faces within 10 % of its size the one nearest the centre.
-    status, chosen, _, counted, reason = decide([big, small, centred], size, _settings())
+    # Several faces, --multi largest: the largest, and among faces within 10 % of its size the one nearest the
+    # centre (without a model, the default leaves the photo out: tests/test_photos.py).
+    status, chosen, _, counted, reason = decide([big, small, centred], size, _settings(multi="largest"))
     assert status == "kept" and chosen == [centred] and counted == 3
     assert reason == "the largest of 3 faces, nearest the centre"
     assert decide([big, small], size, _settings(multi="skip"))[::3] == ("several_faces", 2)
@@ -391,37 +403,49 @@ def test_the_policy_decides_and_says_why():
 
 
 @pytest.mark.timeout(120)
-def test_multi_all_keeps_both_faces_and_skip_none_and_thresholds_are_reported(made, tmp_path, capsys):
+def test_other_policies_decide_over_the_kept_detections_without_detecting(made, tmp_path, capsys, monkeypatch):
+    """--multi all, then skip, --min-face-size, --min-score and largest into the same OUT_DIR: the first run
+    detects; the others only decide (the detector raises if asked) and each output is that policy's."""
     photos = tmp_path / "two"
     (photos / "a").mkdir(parents=True)
     (photos / "a" / "two.jpg").write_bytes((made[0] / "bob" / "3-two-faces.jpg").read_bytes())
     (photos / "a" / "one.jpg").write_bytes((made[0] / "alice" / "0.jpg").read_bytes())
-    rc, out, err = run_main(capsys, photos, tmp_path / "all", "--multi", "all", "--workers", "0")
+    out = tmp_path / "out"
+    rc, said, err = run_main(capsys, photos, out, "--multi", "all", "--workers", "0")
     assert rc == 0, err
-    rows = report(tmp_path / "all")
+    rows = report(out)
     assert [(r["path"], r["status"], r["faces"]) for r in rows] == [
         ("a/one.jpg", "kept", "1"), ("a/two.jpg", "kept", "2"), ("a/two.jpg", "kept", "2")]
-    assert len(build_dataset(str(tmp_path / "all"))) == 3
-    assert "2 photos: 2 kept" in out and "1 identity in train.rec (3 faces, 3-3 per identity)" in out
+    assert len(build_dataset(str(out))) == 3
+    assert "2 photos: 2 kept, 0 no face, 1 several faces (1 kept)" in said
+    assert "1 identity in train.rec (3 faces, 3-3 per identity)" in said
 
-    rc, out, err = run_main(capsys, photos, tmp_path / "skip", "--multi", "skip", "--workers", "0")
+    def no_detection(self, images):
+        raise AssertionError("detection ran")
+
+    monkeypatch.setattr(FaceDetector, "detect", no_detection)
+    rc, said, err = run_main(capsys, photos, out, "--multi", "skip", "--workers", "0")
     assert rc == 0, err
-    assert [(r["status"], r["reason"]) for r in report(tmp_path / "skip")] == [
+    assert [(r["status"], r["reason"]) for r in report(out)] == [
         ("kept", ""), ("several_faces", "2 faces (--multi skip)")]
-    assert "1 kept, 0 no face, 1 several faces" in out
+    assert "1 kept, 0 no face, 1 several faces" in said and "2 of 2 photos detected in an earlier run" in err
 
     # Her face's box is 88 px on its shorter side in both photos, the second face in two.jpg 51 px.
-    rc, out, err = run_main(capsys, photos, tmp_path / "big", "--min-face-size", "80", "--workers", "0")
+    rc, said, err = run_main(capsys, photos, out, "--min-face-size", "80", "--workers", "0")
     assert rc == 0, err
-    rows = report(tmp_path / "big")
+    rows = report(out)
     assert rows[1]["status"] == "kept" and rows[1]["faces"] == "1"
     assert rows[1]["reason"] == "1 more below --min-score/--min-face-size"
-    rc, out, err = run_main(capsys, photos, tmp_path / "strict", "--min-score", "1", "--workers", "0")
-    assert rc == 1 and err.strip().splitlines() == [
+    before = output_bytes(out)
+    rc, said, err = run_main(capsys, photos, out, "--min-score", "1", "--workers", "0")
+    assert rc == 1 and err.strip().splitlines()[-1] == (
         f"prepare_faces: error: no face kept in any of the 2 photos (0 without a face, 0 unreadable); every photo's "
-        f"reason is in {tmp_path / 'strict' / WORK / 'report.csv'}"], err
-    assert {r["status"] for r in report(tmp_path / "strict" / WORK)} == {"low_score"}
-    assert not (tmp_path / "strict" / "train.rec").exists() and not (tmp_path / "strict" / "report.csv").exists()
+        f"reason is in {out / WORK / 'report.csv'}"), err
+    assert {r["status"] for r in report(out / WORK)} == {"low_score"}
+    assert {k: v for k, v in output_bytes(out).items() if not k.startswith(WORK)} == {
+        k: v for k, v in before.items() if not k.startswith(WORK)}  # the earlier output stays as it was
+    rc, said, err = run_main(capsys, photos, out, "--multi", "largest", "--workers", "0")
+    assert rc == 0 and [r["reason"] for r in report(out)] == ["", "the largest of 2 faces, nearest the centre"], err
 
 
 def test_pairs_are_balanced_distinct_and_follow_the_seed():
@@ -558,10 +582,17 @@ def test_usage_errors_are_one_line_and_exit_2(made, tmp_path, capsys):
                            (["--min-score", "1.5"], "--min-score must be in [0, 1]"),
                            (["--multi", "best"], "invalid choice: 'best'"),
                            (["--workers", "-1"], "--workers must be >= 0"),
-                           (["--device", "tpu"], "--device tpu")):
+                           (["--device", "tpu"], "--device tpu"),
+                           (["--match-threshold", "2"], "--match-threshold is a cosine similarity, in [-1, 1]"),
+                           (["--network", "r50"], "--network describes the model of --weights; pass --weights too"),
+                           (["--weights", "m.onnx", "--network", "r50"], "is an ONNX model, run as it is")):
         with pytest.raises(SystemExit) as exc:
             prepare_faces.main([str(photos), str(tmp_path / "o"), *flags])
         assert exc.value.code == 2 and message in capsys.readouterr().err
+    # A model that cannot be loaded is one line, before anything is written.
+    rc, _, err = run_main(capsys, photos, tmp_path / "o", "--weights", tmp_path / "nothing.pt")
+    assert rc == 2 and err.startswith(f"prepare_faces: error: --weights {tmp_path / 'nothing.pt'}: no such file"), err
+    assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.timeout(120)
@@ -577,15 +608,20 @@ def test_an_out_dir_holding_another_dataset_is_refused_unless_overwrite(tmp_path
 
     out = tmp_path / "out"
     write_insightface_rec(out, [(0, b"\xff\xd8 another")], 1)  # a rec of another tool
+    (out / "syn_easy.bin").write_bytes(b"a verification set training would read")
     theirs = output_bytes(out)
     rc, _, err = run_main(capsys, photos, out, *common)
     assert rc == 2 and err.strip().splitlines() == [
-        f"prepare_faces: error: OUT_DIR {out} holds another dataset (train.rec, train.idx, property) not made by "
-        f"prepare_faces.py from {photos}; pass --overwrite to replace it, or choose another folder"], err
+        f"prepare_faces: error: OUT_DIR {out} holds another dataset (train.rec, train.idx, property, syn_easy.bin) "
+        f"not made by prepare_faces.py from {photos}; pass --overwrite to move its files aside (into "
+        f"{out / 'replaced'}), or choose another folder"], err
     assert output_bytes(out) == theirs
     rc, _, err = run_main(capsys, photos, out, *common, "--overwrite", "--holdout", "2")
     assert rc == 0, err
     assert build_dataset(str(out)).num_classes == 1 and (out / "holdout.bin").exists()
+    # Nothing of theirs is left beside the new records, and nothing is lost.
+    assert not (out / "syn_easy.bin").exists() and output_bytes(out / "replaced") == theirs
+    assert f"--overwrite: 4 entries of another dataset moved from {out} into {out / 'replaced'}" in err
 
     # The same input again is its own output: no --overwrite needed; what it no longer writes is removed.
     rc, _, err = run_main(capsys, photos, out, *common)
@@ -599,9 +635,87 @@ def test_an_out_dir_holding_another_dataset_is_refused_unless_overwrite(tmp_path
     assert rc == 2 and "holds another dataset (train.rec, train.idx, property, report.csv, preview.png, " \
                        "prepare_faces.json) not made by prepare_faces.py from" in err, err
 
-    # A --holdout the photos cannot fill: exit 1, and the work done is kept for the next try.
+    # A --holdout the photos cannot fill: exit 1; then one it can.
     rc, _, err = run_main(capsys, photos, tmp_path / "few", *common, "--holdout", "3")
     assert rc == 1 and err.strip().splitlines() == [
         "prepare_faces: error: --holdout 3: 3 identities kept a face; holding out 3 leaves none for training"], err
     rc, _, err = run_main(capsys, photos, tmp_path / "few", *common, "--holdout", "2")
-    assert rc == 0 and "continuing: 6 of 6 photos already done" in err, err
+    assert rc == 0, err
+
+
+# ---------------------------------------------------------------------------------- formats, models, Ctrl-C
+
+@pytest.mark.timeout(120)
+def test_a_folder_of_pgm_photos_as_academic_face_sets_ship_them(tmp_path, capsys):
+    """Grey .pgm photos (an academic face set's layout: s1/1.pgm ...) are photos, not files to ignore."""
+    for k, identity in enumerate(("s1", "s2")):
+        for n in (1, 2):
+            image = astronaut(scale=0.5, canvas=(320, 300), at=(10 + 20 * n + 60 * k, 10 + 10 * n)).convert("L")
+            (tmp_path / "faces" / identity).mkdir(parents=True, exist_ok=True)
+            image.save(tmp_path / "faces" / identity / f"{n}.pgm")
+    rc, said, err = run_main(capsys, tmp_path / "faces", tmp_path / "out", "--workers", "0", "--chunk-size", "4")
+    assert rc == 0, err
+    assert [(r["path"], r["status"]) for r in report(tmp_path / "out")] == [
+        ("s1/1.pgm", "kept"), ("s1/2.pgm", "kept"), ("s2/1.pgm", "kept"), ("s2/2.pgm", "kept")]
+    assert "2 identities in train.rec (4 faces, 2-2 per identity)" in said
+    # The flag of the chunked work folder is taken and said to be needless.
+    assert err.strip().splitlines() == ["prepare_faces: warning: --chunk-size is no longer needed (each photo's "
+                                        "detections are saved as soon as it is done); ignored"], err
+
+
+@pytest.mark.timeout(200)
+def test_a_recognition_model_decides_the_group_photo_and_its_similarities_are_reported(made, tmp_path, capsys):
+    """--weights with a run folder (model.pt and model.json, as the trainer writes them): the faces are embedded,
+    every face checked has its similarity in the report, and the group photo is decided by the model (an
+    untrained one here: with --match-threshold -1 every face matches, and the best one is kept). Which face is
+    right is tests/test_photos.py's, with a model that knows."""
+    from backbones import get_model
+    from eval.model_card import MODEL_CARD, model_card
+
+    tiny = {"widths": [4, 8, 8, 16]}
+    torch.manual_seed(0)
+    (tmp_path / "run").mkdir()
+    torch.save(get_model("tiny", num_features=16, **tiny).state_dict(), tmp_path / "run" / "model.pt")
+    (tmp_path / "run" / MODEL_CARD).write_text(json.dumps(model_card("tiny", tiny, 16, fingerprint="0" * 16, step=0)))
+    photos = tmp_path / "photos"
+    for name, source in (("bob/0.jpg", "bob/0.jpg"), ("bob/1.jpg", "bob/1.jpg"), ("bob/party.jpg",
+                                                                                  "bob/3-two-faces.jpg")):
+        (photos / name).parent.mkdir(parents=True, exist_ok=True)
+        (photos / name).write_bytes((made[0] / source).read_bytes())
+    rc, said, err = run_main(capsys, photos, tmp_path / "out", "--weights", tmp_path / "run", "--match-threshold",
+                             "-1", "--workers", "0")
+    assert rc == 0, err
+    rows = {r["path"]: r for r in report(tmp_path / "out")}
+    assert rows["bob/party.jpg"]["status"] == "kept" and rows["bob/party.jpg"]["faces"] == "2", rows
+    assert rows["bob/party.jpg"]["reason"].startswith("the face of 2 that matches bob's 2 photos with one face")
+    assert all(-1 <= float(r["similarity"]) <= 1 for r in rows.values()), rows
+    assert "3 photos: 3 kept, 0 no face, 1 several faces (1 kept)" in said
+    stamp = json.loads((tmp_path / "out" / "prepare_faces.json").read_text())
+    assert stamp["model"] == str((tmp_path / "run").resolve()) and stamp["match_threshold"] == -1
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_while_the_tool_is_still_importing_is_one_line(tmp_path):
+    """SIGINT while torch is being imported (held there: the import waits until the signal comes): one line and
+    exit 130, no traceback."""
+    marker = tmp_path / "importing"
+    shim = ("import importlib.abc, pathlib, runpy, sys, time\n"
+            "class Slow(importlib.abc.MetaPathFinder):\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'torch':\n"
+            f"            pathlib.Path({str(marker)!r}).touch()\n"
+            "            time.sleep(60)\n"
+            "        return None\n"
+            "sys.meta_path.insert(0, Slow())\n"
+            "sys.argv = sys.argv[1:]\n"
+            "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    proc = subprocess.Popen([sys.executable, "-c", shim, SCRIPT, str(tmp_path / "photos"), str(tmp_path / "out")],
+                            cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 60
+    while not marker.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err == "prepare_faces: interrupted\n" and out == "", err

@@ -1,14 +1,27 @@
-"""What every tool shares (utils.cli: errors, exit codes, Ctrl-C and SIGTERM) and the staged writer of their
-output folders (utils.files.staged)."""
+"""What every tool shares (utils.cli: errors, exit codes, Ctrl-C and SIGTERM, progress lines) and the staged
+writer of their output folders (utils.files.staged)."""
 from __future__ import annotations
 
+import io
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
-from utils.cli import (EXIT_BAD_DATA, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USAGE, BadData, UsageError,
-                       run_tool)
+from tests.helpers import ROOT
+from utils.cli import (
+    EXIT_BAD_DATA,
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    EXIT_USAGE,
+    BadData,
+    Progress,
+    UsageError,
+    quiet_interrupt,
+    run_tool,
+)
 from utils.files import staged
 
 
@@ -57,6 +70,44 @@ def test_ctrl_c_and_sigterm_unwind_and_say_so(capsys):
     assert capsys.readouterr().err == "tool: interrupted; nothing written\n"
     assert run_tool("tool", _raise(KeyboardInterrupt()), on_interrupt=lambda: "; 3 of 9 saved") == EXIT_INTERRUPTED
     assert capsys.readouterr().err == "tool: interrupted; 3 of 9 saved\n"
+
+
+def test_ctrl_c_while_a_tool_imports_is_one_line_and_the_module_loads_no_library(capsys):
+    """A tool imports utils.cli first and the rest inside ``quiet_interrupt``: utils.cli itself must load nothing
+    heavy (torch takes seconds), and Ctrl-C inside the block is one line and exit 130."""
+    with pytest.raises(SystemExit) as stop:
+        with quiet_interrupt("tool"):
+            raise KeyboardInterrupt()
+    assert stop.value.code == EXIT_INTERRUPTED and capsys.readouterr().err == "tool: interrupted\n"
+    loaded = subprocess.run([sys.executable, "-c", "import sys, utils.cli; print(sorted({'torch', 'numpy', 'tqdm'} "
+                             "& set(sys.modules)))"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert loaded.stdout.strip() == "[]", loaded.stderr
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_progress_is_a_line_every_half_minute_when_the_output_is_not_a_terminal():
+    lines: list[str] = []
+    clock = _Clock()
+    progress = Progress(1000, "photos", lines.append, initial=100, stream=io.StringIO(), clock=clock)
+    for _ in range(31):
+        clock.now += 2.0  # 10 photos every 2 s: 5 photos/s
+        progress.update(10)
+    progress.close()
+    assert lines == ["250 of 1000 photos, 5.0 photos/s, 0:02:30 left", "400 of 1000 photos, 5.0 photos/s, 0:02:00 left",
+                     "410 of 1000 photos, 5.0 photos/s, 0:01:58 left"]  # the last at the end
+    # A run shorter than the interval writes nothing.
+    quiet: list[str] = []
+    short = Progress(10, "photos", quiet.append, stream=io.StringIO(), clock=_Clock())
+    short.update(10)
+    short.close()
+    assert quiet == []
 
 
 def test_a_new_folder_appears_whole_with_the_permissions_mkdir_gives(tmp_path):

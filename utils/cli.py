@@ -12,18 +12,21 @@ status every tool documents:
 
 Tools in ``scripts/`` are thin commands over library code; the library raises ``BadData`` / ``UsageError``
 (or any ``ValueError``) and never exits, and says what it skipped through its logger, which ``tool_messages``
-turns into the tool's lines on stderr.
+turns into the tool's lines on stderr; ``Progress`` is a bar on a terminal and a line every half minute in a log.
+A tool imports this module first and its libraries inside ``quiet_interrupt``, so that Ctrl-C while they load
+(torch alone takes seconds) is one line too: this module imports nothing heavy.
 """
 from __future__ import annotations
 
+import datetime
 import logging
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-
-from utils.logging_setup import one_line
+from typing import TextIO
 
 EXIT_DONE, EXIT_BAD_DATA, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED, EXIT_TERMINATED = 128 + signal.SIGINT, 128 + signal.SIGTERM
@@ -43,6 +46,8 @@ class Terminated(KeyboardInterrupt):
 
 def print_error(tool: str, exc: BaseException) -> None:
     """``<tool>: error: <one_line(exc)>`` on stderr: how every tool reports what stopped it."""
+    from utils.logging_setup import one_line  # imports torch: not before a tool has its libraries
+
     print(f"{tool}: error: {one_line(exc)}", file=sys.stderr)
 
 
@@ -82,6 +87,58 @@ def tool_messages(tool: str, *packages: str) -> Iterator[None]:
         for logger, handlers, level, propagate in saved:
             logger.handlers, logger.propagate = handlers, propagate
             logger.setLevel(level)
+
+
+@contextmanager
+def quiet_interrupt(tool: str) -> Iterator[None]:
+    """Around a tool's imports: Ctrl-C while they run ends the process with ``<tool>: interrupted`` on stderr and
+    exit status 130, not a traceback through the import machinery. (Once ``run_tool`` runs the work, it says the
+    same after the work has unwound.)"""
+    try:
+        yield
+    except KeyboardInterrupt:
+        print(f"{tool}: interrupted", file=sys.stderr)
+        raise SystemExit(EXIT_INTERRUPTED) from None
+
+
+class Progress:
+    """A tool's progress through ``total`` items: a tqdm bar when ``stream`` (stderr) is a terminal, otherwise (a
+    log file, a pipe, a scheduler's output) a line every ``every`` seconds through ``log``: ``<done> of <total>
+    <unit>, <rate> <unit>/s, <time> left``, and one at the end of a run that wrote any. ``initial`` items were done
+    before (an interrupted run's): they count as done but not in the rate."""
+
+    def __init__(self, total: int, unit: str, log: Callable[[str], None], initial: int = 0, every: float = 30.0,
+                 stream: TextIO | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        stream = sys.stderr if stream is None else stream
+        self.total, self.unit, self.log, self.every, self.clock = total, unit, log, every, clock
+        self.done = self.initial = initial
+        self.start = self.last = clock()
+        self.lines, self.said = 0, initial  # lines written, and the count the last one said
+        self.bar = None
+        if stream.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, unit=unit, file=stream)
+
+    def update(self, n: int) -> None:
+        self.done += n
+        if self.bar is not None:
+            self.bar.update(n)
+        elif self.clock() - self.last >= self.every:
+            self._line()
+
+    def _line(self) -> None:
+        self.last, self.lines, self.said = self.clock(), self.lines + 1, self.done
+        rate = (self.done - self.initial) / max(self.last - self.start, 1e-9)
+        left = f", {datetime.timedelta(seconds=round((self.total - self.done) / rate))} left" if rate > 0 else ""
+        self.log(f"{self.done} of {self.total} {self.unit}, {rate:.1f} {self.unit}/s{left}")
+
+    def close(self) -> None:
+        """The bar's end, or the last line (after a run long enough to have written one, when it moved since)."""
+        if self.bar is not None:
+            self.bar.close()
+        elif self.lines and self.done != self.said:
+            self._line()
 
 
 def _terminate(signum: int, frame: object) -> None:
