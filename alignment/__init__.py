@@ -9,20 +9,32 @@ wrong; ``FaceDetector`` (``alignment.detect``) finds faces and their landmarks i
 """
 from alignment.detect import DetectorUnavailable, Face, FaceDetector, choose_faces, detection_scale
 from alignment.photos import PhotoError, read_photo, read_photo_bytes, register_plugins
+from alignment.policy import (
+    LARGEST,
+    MULTI,
+    Decision,
+    FacePolicy,
+    add_policy_options,
+    check_policy_options,
+    decide,
+    detector_for,
+)
 from alignment.template import ARCFACE_TEMPLATE, CROP_SIZE, align_face, similarity_transform, warp_to_template
 
-__all__ = ["ARCFACE_TEMPLATE", "CROP_SIZE", "DetectorUnavailable", "Face", "FaceDetector", "PhotoError",
-           "align_face", "align_photo", "choose_faces", "detection_scale", "read_photo", "read_photo_bytes",
-           "register_plugins", "similarity_transform", "warp_to_template"]
+__all__ = ["ARCFACE_TEMPLATE", "CROP_SIZE", "LARGEST", "MULTI", "Decision", "DetectorUnavailable", "Face",
+           "FaceDetector", "FacePolicy", "PhotoError", "add_policy_options", "align_face", "align_photo",
+           "check_policy_options", "choose_faces", "decide", "detection_scale", "detector_for", "read_photo",
+           "read_photo_bytes", "register_plugins", "similarity_transform", "warp_to_template"]
 
 
-def align_photo(path, detector: FaceDetector, multi: str = "largest"):
-    """The aligned (3, 112, 112) uint8 crop of the face ``choose_faces`` picks in the photo at ``path``
-    (``multi = "largest"``: the largest face nearest the centre); raises ``PhotoError`` when the photo cannot be
-    read or holds no face."""
+def align_photo(path, detector: FaceDetector, policy: FacePolicy = LARGEST):
+    """``(crop, decision)``: the aligned (3, 112, 112) uint8 crop of the face ``policy`` keeps in the photo at
+    ``path`` (by default the largest face nearest the centre, of those above its thresholds) and the decision,
+    which says how many faces counted and why others did not. ``detector`` reports every face (``detector_for``).
+    ``PhotoError`` naming the file when it cannot be read or no face counts, saying why (none found, the largest
+    below ``--min-face-size``, the best below ``--min-score``)."""
     image = read_photo(path)
-    faces = choose_faces(detector.detect([image])[0], image.shape[1:], multi=multi)
-    if not faces:
-        raise PhotoError(f"{path}: no face found (detector score threshold {detector.min_score:g}, minimum face size "
-                         f"{detector.min_face_size:g} px)")
-    return align_face(image, faces[0].points)
+    decision = decide(detector.detect([image])[0], tuple(image.shape[1:]), policy)
+    if not decision.keep:
+        raise PhotoError(f"{path}: {decision.reason}")
+    return align_face(image, decision.keep[0].points), decision

@@ -24,11 +24,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from torchvision.io import encode_jpeg
 
-from alignment import FaceDetector, PhotoError, align_face, read_photo, read_photo_bytes
+from alignment import FaceDetector, FacePolicy, PhotoError, align_face, detector_for, read_photo, read_photo_bytes
 from alignment.detect import MTCNN_MIN_FACE
 from photos.duplicates import thumbnail
 from photos.listing import Photo
-from photos.policy import FacePolicy
 from photos.work import DetectorSettings, WorkFolder, content_key
 from utils.cli import Progress
 
@@ -62,10 +61,9 @@ class Settings:
 
 def make_detector(settings: Settings, device: torch.device) -> FaceDetector:
     """The detector of ``settings``, reporting every face it finds: the policy applies the thresholds
-    (``photos.policy.decide``), so that the report can say why a face was not counted. ``DetectorUnavailable``
+    (``alignment.decide``), so that the report can say why a face was not counted. ``DetectorUnavailable``
     without facenet-pytorch."""
-    return FaceDetector(device, min_score=0.0, min_face_size=0.0, detect_size=settings.detect_size,
-                        batch_size=settings.batch_size, smallest_face=settings.detector.smallest_face)
+    return detector_for(settings.policy, device, detect_size=settings.detect_size, batch_size=settings.batch_size)
 
 
 def crop(image: torch.Tensor, points: np.ndarray) -> bytes:
@@ -151,8 +149,7 @@ class _Jobs(Dataset):
 
 def run_photos(photos: list[Photo], landmarks: dict[int, np.ndarray], work: WorkFolder, settings: Settings,
                workers: int, detector: FaceDetector | None) -> list[dict[str, Any]]:
-    """What became of every photo (``_Jobs``' items), in the photos' order;
-    ``work.present`` counts the photos whose entry is in the work folder as they are done."""
+    """What became of every photo (``_Jobs``' items), in the photos' order."""
     results: list[dict[str, Any] | None] = [None] * len(photos)
     on_cpu = detector is None or detector.device.type == "cpu"
     jobs = _Jobs(photos, landmarks, work, detector if on_cpu else None)
@@ -170,7 +167,6 @@ def run_photos(photos: list[Photo], landmarks: dict[int, np.ndarray], work: Work
                          *detect_and_save(detector, decoded, work)]
             for index, item in batch:
                 results[index] = item
-                work.present += "faces" in item
             progress.update(len(batch))
     finally:
         progress.close()

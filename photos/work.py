@@ -70,7 +70,6 @@ class WorkFolder:
         self.root = out / WORK
         self.dir = self.root / "detections" / settings.digest()
         self.settings = settings
-        self.present = 0  # photos of this run whose entry is in the folder (read or saved)
 
     def open(self) -> None:
         """Create the folder; work of an earlier format (the chunks of one run) is removed."""
@@ -83,6 +82,11 @@ class WorkFolder:
             atomic_write(self.dir / "settings.json", lambda f: f.write(json_bytes(asdict(self.settings))))
         if not (self.root / "work.json").is_file():
             atomic_write(self.root / "work.json", lambda f: f.write(json_bytes({"format": WORK_FORMAT})))
+
+    def saved(self) -> int:
+        """How many photos' detections the folder holds under these settings (counted on disk: worker processes
+        save them, and an interruption may fall between a save and its report)."""
+        return sum(1 for _ in self.dir.glob("*/*.pt"))
 
     def path(self, key: str) -> Path:
         return self.dir / key[:2] / f"{key}.pt"

@@ -8,15 +8,16 @@ in a raw photo (``--align``).
     python scripts/inference.py --onnx work_dirs/ms1mv3_r50/model.onnx --image face.jpg  # the exported model
 
 The model options are ``eval.model_options``' (``--img`` is arcface_torch's name of ``--image``, ``--weight`` an
-abbreviation of ``--weights``). ``--align`` finds the face (MTCNN, the optional ``facenet-pytorch``) and aligns it
-as the training data is aligned. The embedding is the vector ``scripts/compare.py`` scores: as the model.json's
+abbreviation of ``--weights``). ``--align`` finds the face (MTCNN, the optional ``facenet-pytorch``: the largest
+face nearest the centre of those above ``--min-score`` and ``--min-face-size``; a line says which) and aligns it as
+the training data is aligned. The embedding is the vector ``scripts/compare.py`` scores: as the model.json's
 thresholds were calibrated, else the flip embedding (the crop's plus its mirror image's). Prints its size, first
 normalised values and its norm; ``--output`` saves it unnormalised as a (D,) float32 .npy.
 docs/evaluation.md#onnx-export-and-inference.
 
 Exit status: 0 done; 2 a usage or configuration error (a missing or undecodable image, no ``--network`` and no
-``model.json``, weights that do not fit the network; with ``--align``: a photo in which no face is found,
-``facenet-pytorch`` not installed, with the command that installs it), one line; 130 / 143 interrupted.
+``model.json``, weights that do not fit the network; with ``--align``: a photo in which no face counts (the line
+says why), ``facenet-pytorch`` not installed, with the command that installs it), one line; 130 / 143 interrupted.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 
+from alignment import FacePolicy, add_policy_options, check_policy_options
 from eval.faces import face_crop, face_detector
 from eval.model_card import calibrated_threshold, card_beside
 from eval.model_options import add_model_options, backbone_from_options, check_model_options
@@ -47,11 +49,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--align", action="store_true",
                         help="detect the face in a raw photo and align it to the ArcFace template first (needs "
                              "facenet-pytorch)")
+    add_policy_options(parser)
     parser.add_argument("--output", type=Path,
                         help="save the raw embedding here (.npy, (D,) float32): model.json's calibrated embedding, "
                              "else the flip embedding (the crop's plus its mirror image's)")
     args = parser.parse_args(argv)
     check_model_options(parser, args)
+    check_policy_options(parser, args)
     return args
 
 
@@ -65,8 +69,10 @@ def calibrated_flip(args: argparse.Namespace) -> bool:
 
 def run(args: argparse.Namespace) -> None:
     model = backbone_from_options(args)
-    detector = face_detector(args.device) if args.align else None
-    face = face_crop(args.image, detector, lambda message: warn(TOOL, f"{message} (--align detects and aligns it)"))
+    policy = FacePolicy("largest", args.min_score, args.min_face_size)
+    detector = face_detector(args.device, policy) if args.align else None
+    face = face_crop(args.image, detector, policy, lambda message: warn(TOOL, f"{message} (--align detects and "
+                                                                            f"aligns it)"), print)
     embedding = embed(face[None], model, 1, flip=calibrated_flip(args))[0].astype(np.float32)  # (D,)
     norm = float(np.linalg.norm(embedding))
     shown = ", ".join(f"{v:.4f}" for v in embedding[:8] / max(norm, 1e-12))

@@ -64,10 +64,9 @@ from utils.cli import quiet_interrupt, run_tool, tool_messages, warn
 TOOL = "prepare_faces"
 
 with quiet_interrupt(TOOL):  # torch takes seconds to import: Ctrl-C meanwhile is one line
-    from alignment import DetectorUnavailable
+    from alignment import MULTI, DetectorUnavailable, add_policy_options, check_policy_options
     from photos.matching import DEFAULT_THRESHOLD
     from photos.pipeline import Settings
-    from photos.policy import MULTI
     from photos.prepare import prepare
     from photos.work import WorkFolder
     from utils.distributed import pick_device
@@ -92,11 +91,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--match-threshold", type=float, default=DEFAULT_THRESHOLD, metavar="COSINE",
                         help=f"with --weights: a face less similar to its identity is left out (default "
                              f"{DEFAULT_THRESHOLD})")
-    parser.add_argument("--min-score", type=float, default=0.9,
-                        help="faces the detector scores below this are not counted (default 0.9)")
-    parser.add_argument("--min-face-size", type=float, default=40.0, metavar="PIXELS",
-                        help="faces whose box's shorter side is smaller (in the photo's pixels) are not counted "
-                             "(default 40)")
+    add_policy_options(parser)
     parser.add_argument("--holdout", type=int, default=0, metavar="N",
                         help="hold N identities (with 2+ kept faces) out of train.rec and write them as holdout.bin "
                              "pairs (default 0: none; at least 2)")
@@ -118,10 +113,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
     if args.holdout == 1 or args.holdout < 0:
         parser.error(f"--holdout must be 0 or >= 2 (different-identity pairs need two), got {args.holdout}")
-    if not 0.0 <= args.min_score <= 1.0:
-        parser.error(f"--min-score must be in [0, 1], got {args.min_score:g}")
-    if args.min_face_size < 0:
-        parser.error(f"--min-face-size must be >= 0, got {args.min_face_size:g}")
+    check_policy_options(parser, args)
     if not -1.0 <= args.match_threshold <= 1.0:
         parser.error(f"--match-threshold is a cosine similarity, in [-1, 1]; got {args.match_threshold:g}")
     if args.network is not None and args.weights is None:
@@ -153,8 +145,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not opened or not opened[0][0].root.exists():
             return ""
         folder, photos = opened[0]
-        return (f"; the detections of {folder.present} of {photos} photos are saved in {folder.root}: run the same "
-                f"command again to continue")
+        return (f"; the detections of {min(folder.saved(), photos)} of {photos} photos are saved in {folder.root}: "
+                f"run the same command again to continue")
 
     with tool_messages(TOOL, "photos"):
         return run_tool(TOOL, work, bad_data=(DetectorUnavailable,), on_interrupt=interrupted)

@@ -84,7 +84,7 @@ def _inference(run: Path, image: Path, output: Path) -> np.ndarray:
 def _compared(run: Path, first: Path, second: Path) -> np.ndarray:
     """(2, D): the vectors compare.py scores for the two photos (its own command line, its own threshold rule)."""
     args = compare.parse_args([str(first), str(second), "--weights", str(run), "--no-align", "--device", "cpu"])
-    return compare.embeddings(args, compare.find_threshold(args).flip)
+    return compare.embeddings(args, compare.find_threshold(args).flip, [])
 
 
 @pytest.mark.timeout(200)

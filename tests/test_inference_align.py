@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -95,10 +96,10 @@ def _cli(*argv, wrapper: str | None = None) -> subprocess.CompletedProcess:
 
 
 def _similarity(stdout: str) -> float:
-    """The number compare.py's first line prints."""
-    first = stdout.splitlines()[0]
-    assert ": cosine similarity " in first, stdout
-    return float(first.rsplit(" ", 1)[1])
+    """The number compare.py's similarity line prints (after a line per aligned photo)."""
+    line = next((line for line in stdout.splitlines() if ": cosine similarity " in line), None)
+    assert line is not None, stdout
+    return float(line.rsplit(" ", 1)[1])
 
 
 def _one_error_line(capsys, tool: str) -> str:
@@ -115,7 +116,10 @@ def test_inference_align_embeds_the_crop_align_face_makes(photos, run, crops, tm
     raw = _cli("scripts/inference.py", "--weights", run, "--img", photos / "astronaut.png", "--align", "--device",
                "cpu", "--output", tmp_path / "raw.npy")
     assert raw.returncode == 0 and raw.stderr == "", raw.stderr
-    assert raw.stdout.startswith(f"{photos / 'astronaut.png'}: embedding of size 16, norm "), raw.stdout
+    used, embedded = raw.stdout.splitlines()[:2]
+    assert re.fullmatch(rf"{re.escape(str(photos / 'astronaut.png'))}: used a \d+ px face \(score 1\.000\): the only "
+                        rf"face found", used), raw.stdout
+    assert embedded.startswith(f"{photos / 'astronaut.png'}: embedding of size 16, norm "), raw.stdout
     crop = _cli("scripts/inference.py", "--weights", run, "--img", crops / "astronaut.png", "--device", "cpu",
                 "--output", tmp_path / "crop.npy")
     assert crop.returncode == 0, crop.stderr
@@ -129,7 +133,7 @@ def test_inference_align_errors_are_one_line(photos, run, capsys):
     from scripts import inference
 
     common = ["--weights", str(run), "--device", "cpu", "--align"]
-    for name, message in (("coffee.jpg", "no face found (detector score threshold 0.9, minimum face size 40 px)"),
+    for name, message in (("coffee.jpg", "no face found"),
                           ("notes.txt", "not an image Pillow can read"), ("missing.jpg", "no such file")):
         assert inference.main([*common, "--img", str(photos / name)]) == 2, name
         assert _one_error_line(capsys, "inference") == f"inference: error: {photos / name}: {message}"
@@ -146,15 +150,17 @@ def test_compare_transforms_of_one_photo_and_two_people(photos, run):
                 "--threshold", "0.9", "--device", "cpu")
     assert same.returncode == 0 and same.stderr == "", same.stderr
     lines = same.stdout.splitlines()
-    assert lines[0].startswith(f"{photos / 'turned.jpg'} ~ {photos / 'mirrored.png'}: cosine similarity ")
+    assert [line.split(": used a ")[0] for line in lines[:2]] == [str(photos / name) for name in ("turned.jpg",
+                                                                                                   "mirrored.png")]
+    assert lines[2].startswith(f"{photos / 'turned.jpg'} ~ {photos / 'mirrored.png'}: cosine similarity ")
     assert _similarity(same.stdout) > 0.99, same.stdout  # measured 0.9970
-    assert lines[1:] == ["same person: above the threshold 0.9000 (--threshold)"], lines
+    assert lines[3:] == ["same person: above the threshold 0.9000 (--threshold)"], lines
 
     other = _cli("scripts/compare.py", photos / "astronaut.png", photos / "cameraman.png", "--weights",
                  run / "model.pt", "--threshold", "0.9", "--device", "cpu")
     assert other.returncode == 0, other.stderr
     assert _similarity(other.stdout) < 0.85, other.stdout  # measured 0.7687
-    assert other.stdout.splitlines()[1:] == ["different people: not above the threshold 0.9000 (--threshold)"]
+    assert other.stdout.splitlines()[3:] == ["different people: not above the threshold 0.9000 (--threshold)"]
 
 
 @needs_detector
@@ -193,15 +199,15 @@ def test_verify_saves_thresholds_that_compare_reads(photos, run, tmp_path, capsy
     assert out.returncode == 0, out.stderr
     entry = card["thresholds"]["synth"]
     verdict = "same person: above" if _similarity(out.stdout) > entry["cosine"] else "different people: not above"
-    assert out.stdout.splitlines()[1] == (f"{verdict} the threshold {entry['cosine']:.4f} (calibrated on synth by "
+    assert out.stdout.splitlines()[3] == (f"{verdict} the threshold {entry['cosine']:.4f} (calibrated on synth by "
                                           f"scripts/verify.py: accuracy {entry['acc']:.5f} on 20 pairs)"), out.stdout
     pair = [photos / "astronaut.png", photos / "turned.jpg"]
     for model in (["--weights", str(folder / "model.pt")], ["--onnx", str(folder / "model.onnx")]):
         assert compare.main([*map(str, pair), *model, "--target", "other", "--device", "cpu"]) == 0
         lines = capsys.readouterr().out.splitlines()
-        assert _similarity(lines[0]) == pytest.approx(_similarity(out.stdout), abs=2e-4), (model, lines)
+        assert _similarity(lines[2]) == pytest.approx(_similarity(out.stdout), abs=2e-4), (model, lines)
         other = card["thresholds"]["other"]
-        assert lines[1].endswith(f"the threshold {other['cosine']:.4f} (calibrated on other by scripts/verify.py: "
+        assert lines[3].endswith(f"the threshold {other['cosine']:.4f} (calibrated on other by scripts/verify.py: "
                                  f"accuracy {other['acc']:.5f} on 12 pairs)")
 
     # A target the card does not hold: one line, before any photo is read.
@@ -278,7 +284,7 @@ def test_compare_errors_are_one_line(photos, run, capsys):
     from scripts import compare
 
     common = ["--weights", str(run), "--device", "cpu"]
-    for name, message in (("coffee.jpg", "no face found (detector score threshold 0.9, minimum face size 40 px)"),
+    for name, message in (("coffee.jpg", "no face found"),
                           ("missing.jpg", "no such file"), ("notes.txt", "not an image Pillow can read")):
         assert compare.main([str(photos / "astronaut.png"), str(photos / name), *common]) == 2, name
         assert _one_error_line(capsys, "compare") == f"compare: error: {photos / name}: {message}"
@@ -307,3 +313,54 @@ def test_without_facenet_pytorch_both_tools_say_how_to_install(photos, run, tmp_
     proc = _cli("scripts/compare.py", crop, crop, "--no-align", "--weights", run, "--device", "cpu",
                 wrapper=WITHOUT_FACENET)
     assert proc.returncode == 0 and proc.stdout.startswith(f"{crop} ~ {crop}: cosine similarity 1.0000"), proc.stderr
+
+
+# ---------------------------------------------------------------------------------------- which face, and why not
+@pytest.fixture(scope="module")
+def framed(tmp_path_factory) -> Path:
+    """Two faces in one photo (the astronaut, and her copy at 0.6 beside her); her face alone at 0.35 (about 30 px)."""
+    from PIL import Image
+    from skimage import data
+
+    folder = tmp_path_factory.mktemp("framed")
+    astronaut = Image.fromarray(data.astronaut())
+    group = Image.new("RGB", (900, 560), (40, 90, 30))
+    group.paste(astronaut, (0, 0))
+    group.paste(astronaut.resize((307, 307), Image.BILINEAR), (560, 120))
+    group.save(folder / "group.png")
+    small = Image.new("RGB", (400, 400), (40, 90, 30))
+    small.paste(astronaut.resize((179, 179), Image.BILINEAR), (110, 110))
+    small.save(folder / "small.png")
+    return folder
+
+
+@needs_detector
+@pytest.mark.timeout(300)
+def test_the_tools_say_which_face_they_used_and_why_one_does_not_count(framed, run, capsys):
+    """inference --align and compare take --min-score / --min-face-size, say how many faces counted and which one
+    they used; a face found but smaller than --min-face-size is named as small, not as 'no face found'."""
+    from scripts import compare, inference
+
+    common = ["--weights", str(run), "--device", "cpu"]
+    assert inference.main([*common, "--img", str(framed / "group.png"), "--align"]) == 0
+    used = capsys.readouterr().out.splitlines()[0]
+    assert re.fullmatch(rf"{re.escape(str(framed / 'group.png'))}: used a (\d+) px face \(score [01]\.\d{{3}}\): the "
+                        rf"largest of 2 faces, nearest the centre", used), used
+    assert int(re.search(r"used a (\d+) px", used)[1]) > 70  # the full-size astronaut's, not her copy's (~52 px)
+
+    assert inference.main([*common, "--img", str(framed / "small.png"), "--align"]) == 2
+    error = _one_error_line(capsys, "inference")
+    assert re.fullmatch(rf"inference: error: {re.escape(str(framed / 'small.png'))}: the largest face is \d+ px, "
+                        rf"below --min-face-size 40", error), error
+    assert compare.main([str(framed / "small.png"), str(framed / "group.png"), *common, "--threshold", "0.5",
+                         "--min-face-size", "20"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(rf"{re.escape(str(framed / 'small.png'))}: used a \d+ px face \(score [01]\.\d{{3}}\): the "
+                        rf"only face found", lines[0]), lines
+    assert lines[1].endswith("the largest of 2 faces, nearest the centre") and "cosine similarity" in lines[2]
+    assert compare.main([str(framed / "group.png"), str(framed / "group.png"), *common, "--threshold", "0.5",
+                         "--min-score", "1.0"]) == 2  # no face scores above 1.0: the best one's score is named
+    assert re.search(r": the best face scores [01]\.\d{4}, below --min-score 1$", _one_error_line(capsys, "compare"))
+    with pytest.raises(SystemExit) as stop:
+        inference.main([*common, "--img", str(framed / "group.png"), "--align", "--min-score", "1.5"])
+    assert stop.value.code == 2 and "--min-score must be in [0, 1], got 1.5" in capsys.readouterr().err

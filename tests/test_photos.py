@@ -16,6 +16,7 @@ import torch
 from PIL import Image
 from torchvision.io import encode_jpeg
 
+from alignment import FacePolicy, decide
 from dataset import MXFaceDataset
 from dataset.verification_set import load_bin
 from photos import pack as pack_module
@@ -26,7 +27,7 @@ from photos.listing import Photo, list_photo_folder, photo_suffixes
 from photos.matching import check_identities
 from photos.pack import ASIDE, HOLDOUT, OUTPUT_FILES, STAMP, check_out_dir, pack
 from photos.pipeline import Settings
-from photos.policy import FaceCrop, FacePolicy, Outcome, decide
+from photos.policy import FaceCrop, Outcome
 from photos.prepare import prepare
 from photos.report import REPORT_COLUMNS
 from photos.work import WORK, DetectorSettings, WorkFolder, read_json

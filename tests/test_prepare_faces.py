@@ -30,7 +30,7 @@ import pytest
 import torch
 from torchvision.io import encode_jpeg
 
-from alignment import ARCFACE_TEMPLATE, align_face, read_photo
+from alignment import ARCFACE_TEMPLATE, FacePolicy, align_face, decide, read_photo
 from alignment.detect import INSTALL, Face, FaceDetector
 from alignment.template import apply_transform
 from dataset import build_dataset
@@ -38,7 +38,6 @@ from dataset.recordio import write_insightface_rec
 from dataset.verification_set import load_bin
 from photos.holdout import form_pairs
 from photos.pack import OUTPUT_FILES
-from photos.policy import FacePolicy, decide
 from photos.report import REPORT_COLUMNS
 from photos.work import WORK
 from scripts import prepare_faces
