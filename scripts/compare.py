@@ -12,7 +12,7 @@ optional ``facenet-pytorch``: the largest face nearest the centre, of those abov
 ``--min-face-size``; a line per photo says which); ``--no-align`` takes them as aligned 112x112 crops. The threshold
 is ``--threshold T`` (a cosine similarity), else the one ``scripts/verify.py --save-threshold`` wrote into the
 ``model.json`` beside the model (``--target NAME``'s, else the first), and the faces are embedded as it was
-calibrated. Prints the similarity and the verdict; with no threshold known the second line says how to get one.
+calibrated. Prints the similarity and the verdict; with no threshold known the verdict line says how to get one.
 docs/evaluation.md#raw-photos-and-comparing-two-faces.
 
 Exit status: 0 compared (whatever the verdict, or no threshold known); 2 a usage or configuration error, one
