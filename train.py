@@ -22,8 +22,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 from contextlib import nullcontext
-from typing import Sequence
 
 import torch
 import torch.distributed as dist

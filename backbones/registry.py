@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from torch import nn
 

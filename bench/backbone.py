@@ -13,9 +13,8 @@ import argparse
 import json
 from contextlib import nullcontext
 
-from common import markdown_table, time_call, write_json
-
 import torch
+from common import markdown_table, time_call, write_json
 
 # Dense bf16 tensor-core peak in TFLOP/s, for the MFU column (published datasheet figures).
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}

@@ -10,7 +10,7 @@ into one uint8 tensor.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg

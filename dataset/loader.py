@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import random
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch

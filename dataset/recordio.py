@@ -21,9 +21,10 @@ import numbers
 import os
 import struct
 from collections import Counter, namedtuple
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Iterable, Literal
+from typing import BinaryIO, Literal
 
 import numpy as np
 from tqdm import tqdm
@@ -282,7 +283,7 @@ class IndexedRecordIO:
             os.close(self._fd)
         self._fd = None
 
-    def __enter__(self) -> "IndexedRecordIO":
+    def __enter__(self) -> IndexedRecordIO:
         return self
 
     def __exit__(self, *exc) -> None:

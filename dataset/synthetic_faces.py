@@ -16,9 +16,10 @@ import logging
 import math
 import multiprocessing
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Literal
 
 import numpy as np
 from PIL import Image

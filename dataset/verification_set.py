@@ -14,13 +14,13 @@ import codecs
 import os
 import pickle
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg
-
 from tqdm import tqdm
 
 from dataset.images import decode, resize

@@ -9,8 +9,9 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 import torch
 from torch import nn

@@ -11,8 +11,9 @@ their types are re-exported here. The table and its units: docs/evaluation.md#ve
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import torch

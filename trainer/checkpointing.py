@@ -20,14 +20,34 @@ from typing import Any, Protocol
 
 import torch
 
-from eval.model_card import MODEL_CARD, model_card, write_model_card
 from dataset import legacy_data_identity
+from eval.model_card import MODEL_CARD, model_card, write_model_card
 from partial_fc import head_shard, load_head_rows, restore_head
-from trainer.run_state import (Schedule, TrainState, check_continuation, continue_schedule, resume_position,
-                               rng_seed, schedule_of, step_lr, train_state_of)
-from utils.checkpoint import (FORMAT_VERSION, checkpoint_root, clean_partial, find_latest, list_checkpoints,
-                              load_common, load_optimizer_state, load_rng, recover_replaced, save_checkpoint,
-                              set_rng_state, step_of)
+from trainer.run_state import (
+    Schedule,
+    TrainState,
+    check_continuation,
+    continue_schedule,
+    resume_position,
+    rng_seed,
+    schedule_of,
+    step_lr,
+    train_state_of,
+)
+from utils.checkpoint import (
+    FORMAT_VERSION,
+    checkpoint_root,
+    clean_partial,
+    find_latest,
+    list_checkpoints,
+    load_common,
+    load_optimizer_state,
+    load_rng,
+    recover_replaced,
+    save_checkpoint,
+    set_rng_state,
+    step_of,
+)
 from utils.config import fingerprint, redacted
 from utils.distributed import barrier
 from utils.files import fsync_dir, save_atomic

@@ -29,8 +29,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from utils.config_keys import (COMMON_NAMES, FINGERPRINT_EXCLUDED, FINGERPRINT_LEGACY, FIXED_KEYS, KEYS,
-                               SCHEDULE_KEYS, SECRET_KEYS, SECTIONS, Key, type_name)
+from utils.config_keys import (
+    COMMON_NAMES,
+    FINGERPRINT_EXCLUDED,
+    FINGERPRINT_LEGACY,
+    FIXED_KEYS,
+    KEYS,
+    SCHEDULE_KEYS,
+    SECRET_KEYS,
+    SECTIONS,
+    Key,
+    type_name,
+)
 
 __all__ = ["BASE_CONFIG", "COMMON_NAMES", "CONFIG_DIR", "FINGERPRINT_EXCLUDED", "FINGERPRINT_LEGACY", "FIXED_KEYS",
            "FORMER_KEYS", "RENAMED_CONFIGS", "SCHEDULE_KEYS", "SECRET_KEYS", "Config", "Derived", "base_file",

@@ -13,8 +13,9 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from utils.config import redacted
 from utils.files import atomic_write
