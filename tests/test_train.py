@@ -12,7 +12,7 @@ import torch
 from trainer.run_state import TrainState
 from bench.local_ranks import free_port, run_on_local_ranks
 from tests.helpers import (FIXTURES, ROOT, copy_checkpoints_until, load_model, logged_losses, max_difference,
-                           subprocess_env, tiny_job, train, two_nodes)
+                           subprocess_env, tiny_job, train, train_here, two_nodes)
 
 CONFIG = "configs/debug_cpu"
 # 16 optimizer steps on 2 ranks (one epoch of 256 images at 8 per rank), checkpoints every 4, all kept.
@@ -102,6 +102,9 @@ def test_train_cli_rejects_a_misspelt_key_with_a_suggestion(tmp_path):
     assert proc.returncode == 2
     assert "momentun" in proc.stderr and "'momentum'" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    # The in-process run of the tests that check mistakes (tests.helpers.train_here) says exactly what this one does.
+    here = train_here(CONFIG, tmp_path, "momentun=0.8", check=False)
+    assert (here.returncode, here.stdout, here.stderr) == (proc.returncode, proc.stdout, proc.stderr)
 
 
 # ---------------------------------------------------------------------------------------- accumulation
