@@ -14,8 +14,8 @@ def test_run_main_gives_the_exit_status_streams_warnings_and_tracebacks_of_a_pro
     def tool(argv):
         print("out", argv[0])
         print("err", file=sys.stderr)
-        warnings.warn("shown", UserWarning)
-        warnings.warn("hidden", DeprecationWarning)  # a fresh interpreter ignores it outside __main__
+        warnings.warn("shown", UserWarning, stacklevel=1)
+        warnings.warn("hidden", DeprecationWarning, stacklevel=1)  # a fresh interpreter ignores it outside __main__
         if argv[0] == "raise":
             raise RuntimeError("boom")
         if argv[0] == "exit":

@@ -225,7 +225,8 @@ def test_init_backbone_starts_from_our_model_pt_or_arcface_torch_s_checkpoint(fi
 def test_a_bad_init_backbone_file_is_one_line(tmp_path):
     weights = tmp_path / "model.pt"
     torch.save({"conv1.weight": torch.zeros(3)}, weights)
-    line = one_error_line(train_here(CONFIG, tmp_path / "run", f"init_backbone={weights}", check=False), tmp_path / "run")
+    output = tmp_path / "run"
+    line = one_error_line(train_here(CONFIG, output, f"init_backbone={weights}", check=False), output)
     assert f"{weights} does not match network tiny" in line
 
 
