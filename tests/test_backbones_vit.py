@@ -357,6 +357,7 @@ def _ddp_steps(rank: int, world_size: int, mask_ratio: float) -> list[float]:
     return [float(model.pos_embed.sum()), float(model.mask_token.sum())]
 
 
+@pytest.mark.process
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("mask_ratio", [0.0, OFFICIAL_MASKING_RATIO])
 def test_vit_trains_under_ddp_with_and_without_masking(mask_ratio: float) -> None:

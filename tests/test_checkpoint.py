@@ -348,6 +348,7 @@ def _dist_save(rank: int, world_size: int, output: str) -> str:
     return str(save_checkpoint(output, 4, rank=rank, world_size=world_size, head=shard, common=common, keep=2))
 
 
+@pytest.mark.process
 @pytest.mark.timeout(120)
 def test_two_gloo_ranks_default_barrier(tmp_path):
     pytest.importorskip("utils.distributed")

@@ -68,6 +68,7 @@ def test_short_demo_beats_the_untrained_baseline(tmp_path):
     assert json.loads((output / "results.json").read_text()) == results
 
 
+@pytest.mark.process
 def test_side_by_side_steps_print_in_order_and_stop_on_a_failure(capsys, monkeypatch):
     from scripts import demo
 
@@ -86,6 +87,7 @@ def test_side_by_side_steps_print_in_order_and_stop_on_a_failure(capsys, monkeyp
     assert "broken" in captured.out and "demo: bad step failed with exit code 7" in captured.err
 
 
+@pytest.mark.process
 @pytest.mark.timeout(60)
 def test_sigterm_stops_the_running_step_with_sigterm_and_exits_143(tmp_path, capsys):
     """SIGTERM (a scheduler) unwinds the demo through utils.cli.run_tool, as main runs it: the running step gets
@@ -167,6 +169,7 @@ def test_demo_trains_and_verifies_bf16_only_where_the_cpu_computes_it(tmp_path, 
     assert theirs.keys() == ours.keys() and all(torch.equal(theirs[k], ours[k]) for k in theirs)
 
 
+@pytest.mark.process
 @pytest.mark.timeout(120)
 def test_the_makefile_venv_byte_compiles_every_installed_module_the_product_imports(tmp_path):
     """`make` compiles the venv with compileall but leaves out installed packages' tests and pip/setuptools:

@@ -76,6 +76,7 @@ def test_helpers_without_process_group():
     assert du.all_gather_sizes([4, 5], "cpu") == [[4, 5]]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_all_gather_forward_backward_against_single_process(world):
     results = run_on_local_ranks(_gather_worker, world, timeout=90)
@@ -136,6 +137,7 @@ def _early_worker(rank: int, world: int) -> dict:
     return grads
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_an_early_reduce_scatter_gives_the_gather_s_gradient(world):
     """The consumer's early start is used when it is the gather's whole gradient (one asynchronous collective,

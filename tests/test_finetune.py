@@ -8,8 +8,8 @@ batch-norm statistics and stages come out bit-identical. In process: head warm-u
 bit and then trains it, also on 2 DDP ranks with gradient accumulation (which fine-tune like one process) and under
 fp16 (the head's update unscaled, an overflow skipped with the scale backed off, no gradient to the backbone); the
 backbone's LR is the head's times the scale at every step; frozen batch norm and frozen stages; what a stage is
-for each backbone family; defaults that change nothing. Through the CLI: resuming inside the head warm-up, and
-bad values.
+for each backbone family; defaults that change nothing. Through the CLI (train.py's main in process): resuming inside
+the head warm-up, and bad values.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import torch
 
 from bench.local_ranks import run_on_local_ranks
 from tests.finetune_data import FINETUNE, RECIPE_SIZE
-from tests.helpers import load_model, logged_losses, max_difference, train
+from tests.helpers import load_model, logged_losses, max_difference, train, train_here
 from trainer.run_state import TrainState
 
 
@@ -283,6 +283,7 @@ def finetune_steps(rank: int, world_size: int) -> dict:
     return dict(snapshots=snapshots, losses=losses)
 
 
+@pytest.mark.process
 @pytest.mark.timeout(180)
 def test_two_ddp_ranks_fine_tune_like_one_process():
     one = run_on_local_ranks(finetune_steps, 1)[0]
@@ -304,14 +305,15 @@ def test_resuming_inside_the_head_warmup_continues_it(tmp_path):
     from tests.helpers import copy_checkpoints_until
 
     run = ("head_warmup_steps=4", "max_steps=8", "save_every_steps=2", "keep_checkpoints=10", "freeze_bn=true")
-    train("configs/debug_cpu", tmp_path / "whole", *run)
+    train_here("configs/debug_cpu", tmp_path / "whole", *run)
     copy_checkpoints_until(tmp_path / "whole", tmp_path / "resumed", 2)
-    proc = train("configs/debug_cpu", tmp_path / "resumed", *run)
+    proc = train_here("configs/debug_cpu", tmp_path / "resumed", *run)
     assert "resumed from" in proc.stdout and "head alone for the first 4 steps" in proc.stdout
     whole, resumed = load_model(tmp_path / "whole"), load_model(tmp_path / "resumed")
     assert _changed(whole, resumed) == []
 
 
+@pytest.mark.process
 @pytest.mark.timeout(180)
 def test_a_compiled_backbone_fine_tunes_like_the_eager_one(tmp_path):
     """Head warm-up calls the plain backbone, outside torch.compile; the compiled one takes over after it (aot_eager:
@@ -348,7 +350,7 @@ def test_a_bad_value_is_refused_naming_the_key_and_what_is_allowed(override):
                         "(layer1, layer2, layer3, layer4); expected 0..4"),  # found when the backbone is built
 ])
 def test_train_py_says_a_bad_value_in_one_line_and_exits_2(tmp_path, override, message):
-    proc = train("configs/debug_cpu", tmp_path, override, check=False, timeout=120)
+    proc = train_here("configs/debug_cpu", tmp_path, override, check=False)
     assert proc.returncode == 2, proc.stderr
     errors = proc.stderr.strip().splitlines()
     assert len(errors) == 1 and message in errors[0], proc.stderr

@@ -281,6 +281,7 @@ def test_graph_variants_read_back_equal_to_onnxruntime(tiny, tmp_path, kind, fol
 
 
 # ------------------------------------------------------------------------------------------------ the command
+@pytest.mark.process
 def test_the_command_writes_weights_and_card_that_the_tools_take(tiny, imported, tmp_path):
     """model.pt loads strictly as model.json describes it and computes the ONNX model's embeddings; the card holds
     the source's facts; scripts/torch2onnx.py on the import writes a file with the original's outputs."""
@@ -309,6 +310,7 @@ def test_the_command_writes_weights_and_card_that_the_tools_take(tiny, imported,
         torch.load(imported / "model.pt", weights_only=True), strict=True)
 
 
+@pytest.mark.process
 def test_an_out_dir_holding_a_model_is_refused_and_kept(tiny, imported, capsys):
     before = (imported / "model.pt").read_bytes()
     rc, _, stderr = import_tool(capsys, tiny[0], imported)
@@ -429,6 +431,7 @@ def _job(imported: Path, freeze_bn: bool, logger):
     return build(cfg, 0, 1, torch.device("cpu"), logger)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("freeze_bn", [False, True])
 def test_the_trainer_says_folded_batch_norms_need_freeze_bn_and_with_it_starts_at_the_onnx_model(
         tiny, imported, caplog, freeze_bn):

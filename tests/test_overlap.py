@@ -199,6 +199,7 @@ def _check_found(rows: list[dict[str, str]], who: dict[str, list[int]]) -> None:
         assert len(chance) <= _chance_bound(others), (name, sorted(chance))
 
 
+@pytest.mark.process
 @pytest.mark.timeout(300)
 def test_shared_identities_are_all_found_and_a_clean_set_stays_within_its_far(synth):
     out, who = synth["out"], synth["who"]
@@ -246,6 +247,7 @@ def _listed_classes(stdout: str) -> set[int]:
     return {int(r["class"]) for r in _rows(stdout)}
 
 
+@pytest.mark.process
 @pytest.mark.timeout(300)
 def test_drop_writes_a_rec_without_the_matched_classes(synth, tmp_path):
     out = synth["out"]
@@ -268,6 +270,7 @@ def test_drop_writes_a_rec_without_the_matched_classes(synth, tmp_path):
     assert f"wrote {tmp_path / 'clean_rec'}: {len(kept)} classes, {len(want)} images" in proc.stderr
 
 
+@pytest.mark.process
 @pytest.mark.timeout(300)
 def test_head_centres_of_a_two_rank_checkpoint_and_drop_of_an_image_folder(synth, tmp_path):
     out = synth["out"]
@@ -297,6 +300,7 @@ def _one_error_line(proc: subprocess.CompletedProcess, code: int, *words: str) -
     return lines[0]
 
 
+@pytest.mark.process
 @pytest.mark.timeout(300)
 def test_errors_are_one_line_with_the_documented_exit_status(synth, tmp_path, capsys):
     out = synth["out"]

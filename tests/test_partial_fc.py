@@ -132,6 +132,7 @@ def _saturated_logits() -> tuple[torch.Tensor, torch.Tensor]:
     return logits, target
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_partial_fc_matches_single_process(world):
     results = run_on_local_ranks(_worker, world, timeout=150)
@@ -628,6 +629,7 @@ def _update_all_worker(rank: int, world: int) -> dict:
     return {case: _update_all_head_steps(rank, *case) for case in UPDATE_ALL_CASES}
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_update_all_head_matches_single_process(world):
     """README: every variant, ``head_update = "all"`` included, equals the single-process full softmax on 1, 2 and 3
@@ -841,6 +843,7 @@ def _early_head_worker(rank: int, world: int, margin: str) -> list[bool]:
     return calls
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("margin", ["cosface", "adaface"])
 def test_the_head_starts_the_embeddings_reduce_scatter_early(margin):
     """On 2 ranks the head's backward (fused, and unfused for AdaFace) launches the embeddings' reduce-scatter
@@ -849,6 +852,7 @@ def test_the_head_starts_the_embeddings_reduce_scatter_early(margin):
     assert run_on_local_ranks(_early_head_worker, 2, margin, timeout=120) == [[True], [True]]
 
 
+@pytest.mark.process
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("rate", [1.0, 0.5])
 def test_compiled_head_equals_eager(rate):
@@ -905,6 +909,7 @@ def _empty_shard_step(rank: int, world: int) -> dict:
     return out
 
 
+@pytest.mark.process
 def test_a_rank_that_samples_no_class_trains_like_one_process():
     """A rank whose shard has no positive and whose sample size ``int(R · num_local)`` is 0 uses no class in the
     step: it adds nothing to the softmax and gets a zero gradient, and the loss and gradients are one process's

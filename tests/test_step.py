@@ -135,6 +135,7 @@ def check_skip_decisions(results: list[list[dict]]) -> None:
             assert r["scale_after"] == after, case  # growth only after growth_interval good steps
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_a_non_finite_gradient_skips_both_optimizers_on_every_rank(world_size):
     check_skip_decisions(run_on_local_ranks(_all_cases, world_size))
@@ -293,6 +294,7 @@ def _host_reads(rank: int, world_size: int) -> tuple[int, int]:
     return len(reads), len(items)
 
 
+@pytest.mark.process
 def test_reading_the_flags_is_the_steps_one_host_read():
     # On a GPU every read of a device value waits for the device; the step reads only its three flags.
     assert run_on_local_ranks(_host_reads, 2) == [(3, 0), (3, 0)]
@@ -367,6 +369,7 @@ def _loop_reads(rank: int, world_size: int, output: str) -> dict:
             "lines": [line for line in handler.lines if line.startswith("step ")]}
 
 
+@pytest.mark.process
 def test_the_logged_loss_is_read_once_per_progress_line(tmp_path):
     # README ("One decision per step"): the flags are the step's one host read; the loss is summed on the device
     # and read every `frequent` steps (and at the last step), as the running mean of the steps since the last line.
@@ -398,6 +401,7 @@ def _grads_at_the_update(rank: int, world_size: int, clip: float) -> dict:
     return seen
 
 
+@pytest.mark.process
 def test_clip_grad_norm_clips_the_backbone_only():
     # README (`clip_grad_norm`): the backbone's gradient norm is clipped to this value (arcface_torch: 5); the
     # head's gradient is not; 0 turns clipping off.
@@ -424,6 +428,7 @@ def _saves(rank: int, world_size: int, output: str, save_all_states: bool) -> No
     train.train(job, TrainState())
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("save_all_states", [True, False])
 def test_checkpoints_at_each_epoch_end_and_the_last_step_or_only_the_weights(tmp_path, save_all_states):
     # README: a checkpoint at each epoch end (and the last step; save_every_steps = 0 adds none between);
@@ -460,6 +465,7 @@ def test_mixed_precision_trainer_steps(dtype):
     check_mixed_precision_steps(mixed_precision_steps(dtype, "cpu"), dtype)
 
 
+@pytest.mark.process
 def test_fp16_compresses_the_backbones_gradient_all_reduce():
     # README (`fp16 = True`): DDP's gradient all-reduce travels in fp16, as the reference's; fp32 runs do not.
     assert run_on_local_ranks(_wire_precision, 2, True) == [True, True]
@@ -511,6 +517,7 @@ def check_ranks_train_like_one_process(one: dict, ranks: list[dict]) -> None:
     torch.testing.assert_close(torch.cat([got["shard"][1] for got in ranks]), one["shard"][1], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_ranks_train_like_one_process(world_size):
     """DDP's averaged backbone gradient, the head's gathered embeddings and reduce-scattered gradient (started
@@ -568,6 +575,7 @@ def _short_cases(rank: int, world_size: int, bad_rank: int) -> list[dict]:
     return [_whole_batch_bad(rank, world_size, bad_rank, kept, skip) for kept, skip in SHORT_CASES]  # one start
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("world_size, bad_rank", [(2, 0), (3, 1)])
 def test_a_rank_whose_batch_is_left_too_small_skips_the_step_on_every_rank(world_size, bad_rank):
     """Batch norm trains on no fewer than 2 samples: a rank whose loader left out all (or all but one) of its
