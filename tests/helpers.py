@@ -1,11 +1,14 @@
-"""Everything the tests share: paths, ranks in processes, trainer runs, a tiny in-process Job, references.
+"""Everything the tests share: paths, ranks in processes, trainer runs, a tool's main in process, a tiny in-process
+Job, references.
 
 Imported as ``from tests.helpers import ...`` (pyproject.toml puts the repository root on ``sys.path`` for pytest).
 Every launch gets a free port (picked by the OS) and a timeout, so a hung rendezvous or collective fails the
-test instead of hanging the suite.
+test instead of hanging the suite. Local ranks are spawned once per world size and kept for the session
+(``on_ranks``); a test starts processes of its own where the start is what it checks.
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import re
@@ -17,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bench.local_ranks import free_port
+from bench.local_ranks import LocalRanks, free_port
 from utils.distributed import all_gather_cat, all_gather_sizes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,6 +38,19 @@ def gather(tensor: torch.Tensor) -> list[torch.Tensor]:
     """Every rank's ``tensor`` (first dimensions may differ), in rank order; ``[tensor]`` without a group."""
     sizes = [n for n, in all_gather_sizes([tensor.shape[0]], tensor.device)]
     return list(torch.split(all_gather_cat(tensor, sizes=sizes), sizes))
+
+
+_RANKS: dict[int, LocalRanks] = {}  # the session's local ranks, by world size
+
+
+def on_ranks(fn, world_size: int, *args, timeout: float = 180.0) -> list:
+    """``bench.local_ranks.run_on_local_ranks(fn, world_size, *args)`` on ranks the session keeps (``LocalRanks``, one
+    set per world size): after the first call, no process starts. A check that needs a fresh process (a peak of
+    memory, a warning said once per process) calls ``run_on_local_ranks``."""
+    if world_size not in _RANKS:
+        _RANKS[world_size] = LocalRanks(world_size)
+        atexit.register(_RANKS[world_size].close)
+    return _RANKS[world_size].run(fn, *args, timeout=timeout)
 
 
 def subprocess_env() -> dict[str, str]:

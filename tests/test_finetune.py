@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.local_ranks import run_on_local_ranks
+from tests.helpers import on_ranks
 from tests.finetune_data import FINETUNE, RECIPE_SIZE
 from tests.helpers import load_model, logged_losses, max_difference, train, train_here
 from trainer.run_state import TrainState
@@ -286,8 +286,8 @@ def finetune_steps(rank: int, world_size: int) -> dict:
 @pytest.mark.process
 @pytest.mark.timeout(180)
 def test_two_ddp_ranks_fine_tune_like_one_process():
-    one = run_on_local_ranks(finetune_steps, 1)[0]
-    ranks = run_on_local_ranks(finetune_steps, 2)
+    one = on_ranks(finetune_steps, 1)[0]
+    ranks = on_ranks(finetune_steps, 2)
     for got in ranks:
         assert got["losses"] == pytest.approx(one["losses"], rel=1e-5)
         for a, b in zip(got["snapshots"], one["snapshots"]):

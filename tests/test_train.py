@@ -12,7 +12,7 @@ import torch
 from trainer.run_state import TrainState
 from bench.local_ranks import free_port, run_on_local_ranks
 from tests.helpers import (FIXTURES, ROOT, copy_checkpoints_until, load_model, logged_losses, max_difference,
-                           subprocess_env, tiny_job, train, train_here, two_nodes)
+                           on_ranks, subprocess_env, tiny_job, train, train_here, two_nodes)
 
 CONFIG = "configs/debug_cpu"
 # 16 optimizer steps on 2 ranks (one epoch of 256 images at 8 per rank), checkpoints every 4, all kept.
@@ -142,7 +142,7 @@ def _accumulation_steps(rank: int, world_size: int) -> list[torch.Tensor]:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_gradient_accumulation_of_two_micro_batches_equals_one_double_batch(world_size):
-    for accumulated, single in run_on_local_ranks(_accumulation_steps, world_size):
+    for accumulated, single in on_ranks(_accumulation_steps, world_size):
         assert torch.allclose(accumulated, single, atol=1e-6, rtol=1e-5), (accumulated - single).abs().max()
 
 

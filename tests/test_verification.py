@@ -430,9 +430,9 @@ def _callback_error(rank: int, world_size: int, folder: str) -> str:
 def test_callback_a_refused_bin_is_an_error_on_every_rank_not_a_hang(tmp_path):
     marker = tmp_path / "pwned"
     (tmp_path / "evil.bin").write_bytes(pickle.dumps(([_RunsCommand(marker), b"x"], [True]), protocol=2))
-    from bench.local_ranks import run_on_local_ranks
+    from tests.helpers import on_ranks
 
-    said = run_on_local_ranks(_callback_error, 2, str(tmp_path), timeout=100)
+    said = on_ranks(_callback_error, 2, str(tmp_path), timeout=100)
     assert re.search(r"evil\.bin: refused global (posix|nt)\.system", said[0]), said
     assert said[1] == f"{tmp_path / 'evil.bin'}: rank 0 could not read this verification file", said
     assert not marker.exists()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.local_ranks import run_on_local_ranks
+from tests.helpers import on_ranks
 from tests.helpers import (CONFIG, REFERENCE, copy_checkpoints_until, gathered_head_after_resume, logged_losses,
                            logged_lrs, saved_head, train, train_here)
 from utils.checkpoint import find_latest, step_dir
@@ -38,7 +38,7 @@ def three_rank_run(reference_run, tmp_path_factory) -> Path:
 @pytest.mark.parametrize("world_size", [1, 3])
 def test_two_rank_head_resumes_on_another_world_size(reference_run, tmp_path, world_size):
     ckpt = step_dir(reference_run, 10)
-    step, weight, state = run_on_local_ranks(gathered_head_after_resume, world_size, CONFIG, REFERENCE, str(ckpt),
+    step, weight, state = on_ranks(gathered_head_after_resume, world_size, CONFIG, REFERENCE, str(ckpt),
                                              str(tmp_path))[0]
     want_weight, want_state = saved_head(ckpt)
     assert step == 10
@@ -73,7 +73,7 @@ def test_two_to_three_continues_from_late_in_an_epoch(three_rank_run):
 @pytest.mark.timeout(180)
 def test_three_to_two_gives_the_saved_head(three_rank_run, tmp_path):
     ckpt = step_dir(three_rank_run, 30)
-    step, weight, state = run_on_local_ranks(gathered_head_after_resume, 2, CONFIG, REFERENCE, str(ckpt), str(tmp_path),
+    step, weight, state = on_ranks(gathered_head_after_resume, 2, CONFIG, REFERENCE, str(ckpt), str(tmp_path),
                                               timeout=150)[0]
     want_weight, want_state = saved_head(ckpt)
     assert step == 30
