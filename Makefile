@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup lint test demo bench gpu-check
+.PHONY: setup lint test test-fast demo bench gpu-check
 
 # pip byte-compiles the ~11,000 installed modules on one core (~30 s here); compileall does it on every
 # core, and leaves out what nothing here imports: the installed packages' own tests (~2,000 modules) and
@@ -30,6 +30,13 @@ lint: $(VENV)/.installed
 test: $(VENV)/.installed
 	@$(PY) -m pytest; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
+	exit $$rc
+
+# The inner loop: the suite without the tests that train or start a process (markers `slow` and `process`, which
+# tests/conftest.py keeps true), in under three minutes. `make test` before a push runs everything.
+test-fast: $(VENV)/.installed
+	@$(PY) -m pytest -m "not slow and not process"; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test-fast: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc
 
 # The whole product on this CPU in minutes: synthetic identities in the real formats, torchrun on 2 gloo

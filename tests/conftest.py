@@ -1,14 +1,68 @@
-"""Test-suite set-up: torch uses one thread per process (pyproject.toml puts the repository root on sys.path).
+"""Test-suite set-up: torch uses one thread per process (pyproject.toml puts the repository root on sys.path), a
+test that starts a process says so, and the session's shared fixtures.
 
 Multi-process tests start 2-3 ranks on a 2-core machine; one intra-op thread each keeps them from
-oversubscribing the cores.
+oversubscribing the cores. A test that starts a process (a tool's command line, torchrun, spawned ranks, loader
+workers, inductor's compile workers) is marked ``process`` or ``slow``, which ``make test-fast`` leaves out; there,
+a test without either mark fails where it would start one, naming the mark.
 """
 from __future__ import annotations
 
+import functools
+import multiprocessing.process
 import os
+import subprocess
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+PROCESS_MARKS = ("process", "slow")  # pyproject.toml declares them; `make test-fast` deselects both
+_running: list[pytest.Item] = []  # the test being set up, run or torn down
+
+
+# tests/test_prepare_faces.py (its owner's) runs scripts/prepare_faces.py in processes from module fixtures.
+UNMARKED_PROCESS_MODULES = ("test_prepare_faces.py",)
+
+
+def _only_if_marked(start):
+    """``start`` (what every new process goes through), refused to a test that is not marked as starting one."""
+    @functools.wraps(start)
+    def guarded(*args, **kwargs):
+        if _running and not any(_running[0].get_closest_marker(mark) for mark in PROCESS_MARKS):
+            pytest.fail(f"{_running[0].nodeid} starts a process: mark it @pytest.mark.process (or slow, if it trains); "
+                        "make test-fast leaves those out", pytrace=False)
+        return start(*args, **kwargs)
+    return guarded
+
+
+def pytest_configure(config):
+    """The guard is on where the processes are left out (``-m "not slow and not process"``: make test-fast)."""
+    if "not process" in (config.getoption("markexpr") or ""):
+        subprocess.Popen._execute_child = _only_if_marked(subprocess.Popen._execute_child)
+        multiprocessing.process.BaseProcess.start = _only_if_marked(multiprocessing.process.BaseProcess.start)
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.path.name in UNMARKED_PROCESS_MODULES:
+            item.add_marker(pytest.mark.process)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _running[:] = [item]
+    yield
+    _running.clear()
+
+
+@pytest.fixture(scope="session")
+def finetune_data(tmp_path_factory):
+    """The fine-tuning recipe's pre-trained model and data (tests/finetune_data.py), read by test_finetune.py and
+    test_import_onnx.py: {"pretrained": model.pt, "tuning": the rec folder, "held_out": held_out.bin}. Read only."""
+    from tests.finetune_data import make_finetune_data
+
+    return make_finetune_data(tmp_path_factory.mktemp("finetune_data"))

@@ -1,11 +1,14 @@
-"""Everything the tests share: paths, ranks in processes, trainer runs, a tiny in-process Job, references.
+"""Everything the tests share: paths, ranks in processes, trainer runs, a tool's main in process, a tiny in-process
+Job, references.
 
 Imported as ``from tests.helpers import ...`` (pyproject.toml puts the repository root on ``sys.path`` for pytest).
 Every launch gets a free port (picked by the OS) and a timeout, so a hung rendezvous or collective fails the
-test instead of hanging the suite.
+test instead of hanging the suite. Local ranks are spawned once per world size and kept for the session
+(``on_ranks``); a test starts processes of its own where the start is what it checks.
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import re
@@ -17,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bench.local_ranks import free_port
+from bench.local_ranks import LocalRanks, free_port
 from utils.distributed import all_gather_cat, all_gather_sizes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,6 +38,19 @@ def gather(tensor: torch.Tensor) -> list[torch.Tensor]:
     """Every rank's ``tensor`` (first dimensions may differ), in rank order; ``[tensor]`` without a group."""
     sizes = [n for n, in all_gather_sizes([tensor.shape[0]], tensor.device)]
     return list(torch.split(all_gather_cat(tensor, sizes=sizes), sizes))
+
+
+_RANKS: dict[int, LocalRanks] = {}  # the session's local ranks, by world size
+
+
+def on_ranks(fn, world_size: int, *args, timeout: float = 180.0) -> list:
+    """``bench.local_ranks.run_on_local_ranks(fn, world_size, *args)`` on ranks the session keeps (``LocalRanks``, one
+    set per world size): after the first call, no process starts. A check that needs a fresh process (a peak of
+    memory, a warning said once per process) calls ``run_on_local_ranks``."""
+    if world_size not in _RANKS:
+        _RANKS[world_size] = LocalRanks(world_size)
+        atexit.register(_RANKS[world_size].close)
+    return _RANKS[world_size].run(fn, *args, timeout=timeout)
 
 
 def subprocess_env() -> dict[str, str]:
@@ -60,6 +76,68 @@ def train(config: str, output: Path, *sets: str, nproc: int = 1, timeout: float 
     proc = subprocess.run(cmd, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n"
+                             f"--- stderr\n{proc.stderr[-4000:]}")
+    return proc
+
+
+# The filters a fresh interpreter starts with (Python's -W default set): what a tool's process would print.
+_INTERPRETER_WARNINGS = (("default", DeprecationWarning, "__main__"), ("ignore", DeprecationWarning, ""),
+                         ("ignore", PendingDeprecationWarning, ""), ("ignore", ImportWarning, ""),
+                         ("ignore", ResourceWarning, ""))
+
+
+def run_main(main, argv: list[str], name: str) -> subprocess.CompletedProcess:
+    """``main(argv)`` of a tool (``train.main``, ``scripts.X.main``) in this process, as ``python <name> argv``
+    would run it: the exit status (returned, or a ``SystemExit``'s) and stdout and stderr, which also get Python's
+    warnings under a fresh interpreter's filters; an uncaught exception is a traceback on stderr and status 1.
+
+    What it saves is the start of a process and its imports (seconds each), for tests about what the tool does;
+    the tests of how it starts (``python scripts/X.py``, torchrun, signals) start a real process. The loggers a
+    tool configures (the trainer's and the project's packages') are put back as they were, training.log closed.
+    """
+    import contextlib
+    import io
+    import traceback
+    import warnings
+
+    from utils.logging_setup import LIBRARY_PACKAGES, LOGGER_NAME
+
+    loggers = [logging.getLogger(n) for n in (LOGGER_NAME, *LIBRARY_PACKAGES)]
+    saved = [(lg, lg.handlers[:], lg.level, lg.propagate) for lg in loggers]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
+        warnings.resetwarnings()
+        for action, category, module in reversed(_INTERPRETER_WARNINGS):
+            warnings.filterwarnings(action, category=category, module=module)
+        warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: sys.stderr.write(
+            warnings.formatwarning(message, category, filename, lineno, line))
+        try:
+            code = main(argv)
+        except SystemExit as exc:  # argparse's usage errors; sys.exit(message) prints the message
+            code = exc.code if isinstance(exc.code, int) or exc.code is None else 1
+            if not isinstance(exc.code, int) and exc.code is not None:
+                print(exc.code, file=sys.stderr)
+        except Exception:  # noqa: BLE001 - what the interpreter does with it
+            traceback.print_exc()
+            code = 1
+        finally:
+            for logger, handlers, level, propagate in saved:
+                for handler in logger.handlers:
+                    if handler not in handlers:
+                        handler.close()
+                logger.handlers, logger.propagate = handlers, propagate
+                logger.setLevel(level)
+    return subprocess.CompletedProcess([name, *argv], 0 if code is None else code, out.getvalue(), err.getvalue())
+
+
+def train_here(config: str, output: Path, *sets: str, check: bool = True) -> subprocess.CompletedProcess:
+    """``train``'s one-rank run (``python train.py ...``) in this process (``run_main``): for the tests of what a
+    run does, where the start of a process adds nothing to check."""
+    import train as train_py
+
+    proc = run_main(train_py.main, [config, "--set", f"output={output}", *sets], "train.py")
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(proc.args)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n"
                              f"--- stderr\n{proc.stderr[-4000:]}")
     return proc
 

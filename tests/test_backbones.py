@@ -559,6 +559,7 @@ def test_count_flops_on_a_real_model_restores_training_mode() -> None:
     assert macs > 3 * 4 * 9 * 112 * 112
 
 
+@pytest.mark.process
 @pytest.mark.timeout(60)
 def test_flops_cli_prints_published_r50_figure() -> None:
     proc = subprocess.run([sys.executable, "-m", "backbones.flops", "r50"], cwd=ROOT, capture_output=True,

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from backbones import get_model
 from backbones.flops import count_flops
 from backbones.vit import VisionTransformer
-from bench.local_ranks import run_on_local_ranks
+from tests.helpers import on_ranks
 
 # Official constructor arguments per name: embed_dim, depth, num_heads, drop_path_rate, mask_ratio,
 # using_checkpoint. Every variant: img_size 112, patch_size 9, norm_layer "ln", mlp_ratio 4.
@@ -357,12 +357,13 @@ def _ddp_steps(rank: int, world_size: int, mask_ratio: float) -> list[float]:
     return [float(model.pos_embed.sum()), float(model.mask_token.sum())]
 
 
+@pytest.mark.process
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("mask_ratio", [0.0, OFFICIAL_MASKING_RATIO])
 def test_vit_trains_under_ddp_with_and_without_masking(mask_ratio: float) -> None:
     """Without masking ``mask_token`` gets no gradient; it is frozen, so DDP (no find_unused_parameters,
     as in train.py) trains on; with masking it is trained and stays identical on both ranks."""
-    results = run_on_local_ranks(_ddp_steps, 2, mask_ratio)
+    results = on_ranks(_ddp_steps, 2, mask_ratio)
     assert results[0] == results[1]
     frozen = VisionTransformer(32, 2, 8, mask_ratio=mask_ratio).mask_token.requires_grad is False
     assert frozen is (mask_ratio == 0.0)

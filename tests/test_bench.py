@@ -26,6 +26,7 @@ def _measure(rank: int, world: int, rate: float, opt: str) -> int:
         "peak_mem_bytes"]
 
 
+@pytest.mark.process
 @pytest.mark.timeout(200)
 def test_plan_predicts_measured_peak_within_5_percent():
     """The model of bench/plan.py against the RSS high-water mark of bench/head.py's steps on one rank. 5 %: at
@@ -53,6 +54,7 @@ def _measure_case(rank: int, world: int, classes: int, rate: float, dim: int, ba
     return head_rank(rank, world, cfg)["peak_mem_bytes"]
 
 
+@pytest.mark.process
 @pytest.mark.timeout(150)
 def test_plan_predicts_measured_peak_in_half_precision_within_10_percent(monkeypatch):
     """bench/plan.py's bf16 and fp16 model against the RSS high-water mark of bench/head.py's steps under the
@@ -122,6 +124,7 @@ def _measure_compiled(rank: int, world: int, classes: int, rate: float, dim: int
     return head_rank(rank, world, cfg)["compiled"]["peak_mem_bytes"]
 
 
+@pytest.mark.process
 @pytest.mark.timeout(300)
 def test_plan_predicts_the_compiled_head_s_peak_within_10_percent(monkeypatch):
     """bench/plan.py --compile-head against the compiled head's RSS high-water mark on one CPU rank (Inductor's C++),
@@ -145,6 +148,7 @@ def _run_script(args: list[str], out: Path, timeout: float) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.process
 @pytest.mark.timeout(90)
 def test_head_bench_end_to_end(tmp_path):
     result = _run_script(["bench/head.py", "--num-classes", "2000", "--sample-rate", "0.5", "--world-size", "2",
@@ -161,6 +165,7 @@ def test_head_bench_end_to_end(tmp_path):
         assert max(rank["floor_samples"]) <= result["floor"]["max_s"]  # the job floor: each repeat's slowest rank
 
 
+@pytest.mark.process
 @pytest.mark.timeout(240)
 def test_head_bench_times_the_compiled_head_beside_the_eager_one(tmp_path):
     """``--compile``: the compiled head's ratio, memory and compile seconds, in columns beside the eager ones."""
@@ -194,6 +199,7 @@ def test_head_ratio_takes_each_repeats_slowest_rank():
     assert result["rank0_ratio"] == pytest.approx(1.3 / 1.0) and result["peak_over_shard"] == 3.0
 
 
+@pytest.mark.process
 @pytest.mark.timeout(90)
 def test_loader_bench_end_to_end(tmp_path):
     result = _run_script(["bench/loader.py", "--workers", "1", "--batch-size", "8", "--images", "32"],
@@ -203,6 +209,7 @@ def test_loader_bench_end_to_end(tmp_path):
     assert result["rec"] == "generated" and result["dataset_images"] == 32
 
 
+@pytest.mark.process
 @pytest.mark.timeout(200)
 def test_prepare_faces_bench_end_to_end(tmp_path):
     """bench/prepare_faces.py on a few small photos: photos/s end to end and each stage's time per photo, beside
@@ -219,6 +226,7 @@ def test_prepare_faces_bench_end_to_end(tmp_path):
     assert result["config"]["device"] == "cpu" and len(result["config"]["load_average"]) == 3
 
 
+@pytest.mark.process
 def test_plan_cli_json(tmp_path):
     result = _run_script(["bench/plan.py", "--num-classes", "29000000", "--gpus", "8", "--sample-rate", "0.1",
                           "--embedding-size", "512", "--batch-size", "128", "--dtype", "fp16"], tmp_path / "plan.json",

@@ -14,6 +14,7 @@ from tests.helpers import ROOT
 IMAGES = 40
 
 
+@pytest.mark.process
 @pytest.mark.timeout(90)
 def test_bin_memory_bench_end_to_end(tmp_path):
     proc = subprocess.run([sys.executable, "bench/bin_memory.py", "--images", str(IMAGES), "--json",
@@ -30,6 +31,7 @@ def test_bin_memory_bench_end_to_end(tmp_path):
     assert result["rss_after_bytes"] > 0 and result["peak_growth_bytes"] > 0
 
 
+@pytest.mark.process
 def test_bin_memory_bench_refuses_an_odd_image_count(tmp_path):
     proc = subprocess.run([sys.executable, "bench/bin_memory.py", "--images", "41"], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)

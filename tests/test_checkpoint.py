@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.local_ranks import run_on_local_ranks
+from tests.helpers import on_ranks
 from utils.files import load_tensors, save_atomic
 from partial_fc import head_shard, load_head_rows, restore_head
 from utils.checkpoint import (MANIFEST, clean_partial, find_latest, is_complete, list_checkpoints, load_common,
@@ -348,10 +348,11 @@ def _dist_save(rank: int, world_size: int, output: str) -> str:
     return str(save_checkpoint(output, 4, rank=rank, world_size=world_size, head=shard, common=common, keep=2))
 
 
+@pytest.mark.process
 @pytest.mark.timeout(120)
 def test_two_gloo_ranks_default_barrier(tmp_path):
     pytest.importorskip("utils.distributed")
-    paths = run_on_local_ranks(_dist_save, 2, str(tmp_path), timeout=90)
+    paths = on_ranks(_dist_save, 2, str(tmp_path), timeout=90)
     assert paths == [str(step_dir(tmp_path, 4))] * 2
     assert find_latest(tmp_path) == step_dir(tmp_path, 4)
     rows = load_head_rows(paths[0], 0, 7, num_classes=7)

@@ -1,4 +1,8 @@
-"""train.py as a new user types it: --set before or after the config, and the names users type for our keys."""
+"""train.py as a new user types it: --set before or after the config, and the names users type for our keys.
+
+The command lines go to train.py's main in this process (``tests.helpers.run_main``); README's image-folder example
+runs torchrun.
+"""
 from __future__ import annotations
 
 import subprocess
@@ -7,15 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import CONFIG, ROOT, subprocess_env
+from tests.helpers import CONFIG, ROOT, run_main, subprocess_env
 from utils.config import COMMON_NAMES, load_config
 
 pytestmark = pytest.mark.timeout(180)
 
 
 def _train(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, env=subprocess_env(), capture_output=True,
-                          text=True, timeout=150)
+    import train
+
+    return run_main(train.main, list(args), "train.py")
 
 
 @pytest.mark.parametrize("typed, meant", [("learning_rate", "lr"), ("epochs", "num_epoch"), ("batchsize", "batch_size"),
@@ -75,6 +80,7 @@ def test_readme_s_image_folder_example_trains_on_two_ranks(tmp_path):
     assert "step 4/4" in log
 
 
+@pytest.mark.process
 def test_readme_says_how_to_use_the_environment_right_after_the_two_commands():
     """After `make demo`, a plain `torchrun` is not on the PATH: README's next paragraph says to activate .venv or
     call its programs by path, and those programs are there (the suite runs in that environment)."""

@@ -137,6 +137,7 @@ def test_dali_loader_length_and_an_epoch_resumed_at_its_end_need_no_dali(tmp_pat
     assert list(loader) == []
 
 
+@pytest.mark.process
 def test_the_module_imports_without_importing_dali():
     code = ("import sys, dataset.dali; "
             "assert 'nvidia.dali' not in sys.modules, sorted(m for m in sys.modules if m.startswith('nvidia.dali'))")

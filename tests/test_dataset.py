@@ -176,6 +176,7 @@ def test_sampler_reshuffles_per_epoch_and_resumes_exactly():
         FaceSampler(5, 4, 0, 2, 0)
 
 
+@pytest.mark.process
 @pytest.mark.timeout(60)
 def test_loader_workers_resume_and_flips(tmp_path):
     """2 forked workers give the same normalised batches as none, resumed mid-epoch too."""
@@ -310,6 +311,7 @@ def test_read_batch_names_the_bad_record(tmp_path):
         ds.read_batch([0, 2, 1], [False, True, False])
 
 
+@pytest.mark.process
 @pytest.mark.timeout(60)
 def test_the_loader_leaves_out_a_bad_image_and_names_it(tmp_path):
     """A record that does not decode is left out of its batch, the others keep their order, and take_problems()
@@ -339,6 +341,7 @@ def test_sampler_batches_cut_the_samples_in_order():
         assert [len(b[0]) for b in batches] == [5] * (len(batches) - 1) + [last]
 
 
+@pytest.mark.process
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("source", ["rec", "synthetic"])
 def test_loader_batches_are_the_per_sample_batches(source):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.local_ranks import run_on_local_ranks
+from tests.helpers import on_ranks
 from tests.helpers import gather
 from utils import distributed as du
 
@@ -76,9 +76,10 @@ def test_helpers_without_process_group():
     assert du.all_gather_sizes([4, 5], "cpu") == [[4, 5]]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_all_gather_forward_backward_against_single_process(world):
-    results = run_on_local_ranks(_gather_worker, world, timeout=90)
+    results = on_ranks(_gather_worker, world, timeout=90)
     inputs = [_rank_input(r).requires_grad_() for r in range(world)]
     full = torch.cat(inputs)
     # Single-process reference: the total objective is the sum of every rank's objective.
@@ -136,12 +137,13 @@ def _early_worker(rank: int, world: int) -> dict:
     return grads
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_an_early_reduce_scatter_gives_the_gather_s_gradient(world):
     """The consumer's early start is used when it is the gather's whole gradient (one asynchronous collective,
     no other); with a second consumer the early one is completed and dropped, and the summed gradient is
     reduced instead. Uneven sizes; against one process."""
-    results = run_on_local_ranks(_early_worker, world, timeout=90)
+    results = on_ranks(_early_worker, world, timeout=90)
     inputs = [_rank_input(r).requires_grad_() for r in range(world)]
     full = torch.cat(inputs)
     sum(((full.sin() * _coeffs(full.shape[0])).sum() * (r + 1)) for r in range(world)).backward()

@@ -17,7 +17,7 @@ from torchvision.io import encode_jpeg, encode_png
 from backbones.onnx_export import export
 from eval.verification import load_bin, save_bin, unpickle_bin
 from scripts import make_bin, verify
-from tests.helpers import ROOT, UNWRITABLE
+from tests.helpers import ROOT, UNWRITABLE, run_main
 
 pytest.importorskip("backbones")
 from backbones import get_model, list_models  # noqa: E402
@@ -117,13 +117,11 @@ def test_precision_bf16_runs_the_body_under_autocast(trained, capsys):
     assert exc.value.code == 2 and "--precision bf16 applies to torch models" in capsys.readouterr().err
 
 
-@pytest.mark.timeout(60)
 def test_mismatched_weights_exit_with_one_line(trained):
-    # A real process: the exit status and the whole of stderr are what a user sees.
-    cmd = [sys.executable, "scripts/verify.py", "--network", "tiny", "--embedding-size", "16",
-           "--network-kwargs", '{"widths": [4, 8, 8, 32]}', "--weights", str(trained / "model.pt"),
-           "--data-dir", str(trained), "--targets", "synth"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=50)
+    # As from a process of its own (tests.helpers.run_main): the exit status and the whole of stderr a user sees.
+    cmd = ["--network", "tiny", "--embedding-size", "16", "--network-kwargs", '{"widths": [4, 8, 8, 32]}',
+           "--weights", str(trained / "model.pt"), "--data-dir", str(trained), "--targets", "synth"]
+    proc = run_main(verify.main, cmd, "scripts/verify.py")
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "does not match network tiny" in lines[0] and "shape mismatch" in lines[0], proc.stderr
@@ -201,18 +199,17 @@ def test_targets_with_and_without_bin_and_twice(trained, capsys):
     assert exc.value.code == 2 and "--targets names 'synth' twice" in capsys.readouterr().err
 
 
-@pytest.mark.timeout(60)
 def test_bad_bin_exits_1_with_one_line_naming_the_file(tmp_path):
-    """A real process: what a user sees for a damaged download. Exit 1 = bad data, 2 = usage."""
+    """What a user sees for a damaged download (the exit status and the whole of stderr: tests.helpers.run_main).
+    Exit 1 = bad data, 2 = usage."""
     save_bin(tmp_path / "lfw.bin", [encode_jpeg(torch.zeros(3, 112, 112, dtype=torch.uint8)).numpy().tobytes()] * 4,
              [True, False])
     data = (tmp_path / "lfw.bin").read_bytes()
     (tmp_path / "lfw.bin").write_bytes(data[: len(data) // 2])
     (tmp_path / "cfp_fp.bin").write_bytes(b"<html>404 Not Found</html>")
     for target, message in (("lfw", "truncated pickle"), ("cfp_fp.bin", "not a verification file")):
-        proc = subprocess.run([sys.executable, "scripts/verify.py", *MODEL_ARGS, "--random-init", "0", "--device",
-                               "cpu", "--data-dir", str(tmp_path), "--targets", target],
-                              cwd=ROOT, capture_output=True, text=True, timeout=50)
+        proc = run_main(verify.main, [*MODEL_ARGS, "--random-init", "0", "--device", "cpu", "--data-dir",
+                                      str(tmp_path), "--targets", target], "scripts/verify.py")
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 1 and len(lines) == 1, proc.stderr
         assert lines[0].startswith(f"verify: error: {tmp_path / target.removesuffix('.bin')}.bin: {message}"), lines
@@ -239,6 +236,7 @@ def test_make_bin_decodes_every_image_first(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["imgs", "pairs.txt"]  # no .bin, no temporary
 
 
+@pytest.mark.process
 @pytest.mark.timeout(60)
 def test_make_bin_file_mode_follows_the_umask(tmp_path):
     """As a user types it, under a umask other than the default."""
@@ -290,6 +288,7 @@ def _tools(trained, tmp_path):
 TOOLS = ["verify", "ijb", "torch2onnx", "inference"]
 
 
+@pytest.mark.process
 @pytest.mark.timeout(120)
 def test_verify_reads_model_json_when_network_is_not_given(trained, carded, tmp_path):
     """As a user types it: the trained run's model.pt alone, and the same numbers as with every flag; the first
@@ -304,11 +303,9 @@ def test_verify_reads_model_json_when_network_is_not_given(trained, carded, tmp_
     assert json.loads((tmp_path / "card").read_text()) == json.loads((tmp_path / "flags").read_text())
 
 
-@pytest.mark.timeout(60)
 def test_no_model_json_and_no_network_is_one_line_saying_what_to_pass(trained):
-    proc = subprocess.run([sys.executable, "scripts/verify.py", "--weights", str(trained / "model.pt"),
-                           "--data-dir", str(trained), "--targets", "synth", "--device", "cpu"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=50)
+    proc = run_main(verify.main, ["--weights", str(trained / "model.pt"), "--data-dir", str(trained), "--targets",
+                                  "synth", "--device", "cpu"], "scripts/verify.py")
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         f"verify: error: --network is required: {trained / 'model.json'} does not exist (the trainer writes it "
         f"beside model.pt); pass --network, --network-kwargs and --embedding-size as in the training config, "
@@ -336,15 +333,14 @@ def test_a_mistyped_weights_path_is_said_first(tool, trained, carded, tmp_path, 
 def test_an_onnx_file_given_as_weights_runs_as_onnx(trained, tmp_path, capsys):
     """`inference.py --weights model.onnx` runs the exported model (the embedding --onnx gives); torch2onnx, which
     needs torch weights, says so in one line."""
-    from scripts import torch2onnx
+    from scripts import inference, torch2onnx
 
     image = tmp_path / "face.jpg"
     image.write_bytes(encode_jpeg(torch.full((3, 112, 112), 128, dtype=torch.uint8)).numpy().tobytes())
     outputs = {}
     for flag in ("--weights", "--onnx"):
-        proc = subprocess.run([sys.executable, "scripts/inference.py", flag, str(trained / "model.onnx"), "--image",
-                               str(image), "--device", "cpu", "--output", str(tmp_path / f"{flag[2:]}.npy")],
-                              cwd=ROOT, capture_output=True, text=True, timeout=100)
+        proc = run_main(inference.main, [flag, str(trained / "model.onnx"), "--image", str(image), "--device", "cpu",
+                                         "--output", str(tmp_path / f"{flag[2:]}.npy")], "scripts/inference.py")
         assert proc.returncode == 0, proc.stderr
         outputs[flag] = np.load(tmp_path / f"{flag[2:]}.npy")
     np.testing.assert_array_equal(outputs["--weights"], outputs["--onnx"])
@@ -504,8 +500,7 @@ def test_a_set_too_small_to_score_is_named(tmp_path, capsys):
 
 
 def test_verify_help_shows_the_default_targets_and_the_folds():
-    proc = subprocess.run([sys.executable, "scripts/verify.py", "--help"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
+    proc = run_main(verify.main, ["--help"], "scripts/verify.py")
     text = " ".join(proc.stdout.split())
     assert proc.returncode == 0 and "(default: lfw,cfp_fp,agedb_30)" in text, proc.stdout
     assert "--nfolds NFOLDS folds of the protocol" in text and "(default: 10)" in text, proc.stdout

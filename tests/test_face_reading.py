@@ -87,6 +87,7 @@ def _compared(run: Path, first: Path, second: Path) -> np.ndarray:
     return compare.embeddings(args, compare.find_threshold(args).flip, [])
 
 
+@pytest.mark.process
 @pytest.mark.timeout(200)
 def test_inference_output_is_the_vector_compare_scores_for_an_exif_turned_jpeg(run, tmp_path, capsys):
     stored = _picture(112, 112)
@@ -113,6 +114,7 @@ def test_inference_output_is_the_vector_compare_scores_for_an_exif_turned_jpeg(r
     assert capsys.readouterr().out.splitlines()[1].startswith("same person: above the threshold 0.9990")
 
 
+@pytest.mark.process
 @pytest.mark.timeout(200)
 def test_compare_and_inference_embed_as_the_card_s_threshold_was_calibrated(run, tmp_path, capsys):
     folder = tmp_path / "run"

@@ -8,8 +8,8 @@ batch-norm statistics and stages come out bit-identical. In process: head warm-u
 bit and then trains it, also on 2 DDP ranks with gradient accumulation (which fine-tune like one process) and under
 fp16 (the head's update unscaled, an overflow skipped with the scale backed off, no gradient to the backbone); the
 backbone's LR is the head's times the scale at every step; frozen batch norm and frozen stages; what a stage is
-for each backbone family; defaults that change nothing. Through the CLI: resuming inside the head warm-up, and
-bad values.
+for each backbone family; defaults that change nothing. Through the CLI (train.py's main in process): resuming inside
+the head warm-up, and bad values.
 """
 from __future__ import annotations
 
@@ -18,89 +18,16 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
-from bench.local_ranks import run_on_local_ranks
-from tests.helpers import load_model, logged_losses, max_difference, train
+from tests.helpers import on_ranks
+from tests.finetune_data import FINETUNE, RECIPE_SIZE
+from tests.helpers import load_model, logged_losses, max_difference, train, train_here
 from trainer.run_state import TrainState
-
-SEED = 5
-PRETRAIN = (300, 8)  # identities x images the model is pre-trained on (the aligned crop of every other test)
-PRETRAIN_STEPS = 250
-FINETUNE = (100, 6)  # identities x images of the other camera's set it is fine-tuned on (few per identity)
-PAIRS = 400  # verification pairs of held-out identities of the other camera
-FINETUNE_IDS, HELD_OUT_IDS = 100_000, 200_000  # the other camera's identities (pre-training: 0..299)
-TINY = ("network=tiny", "network_kwargs={'widths': (2, 8, 16, 32)}", "embedding_size=256")
-# What the test changes of the recipe: the network and data sizes of a CPU test (18 steps an epoch, head warm-up
-# two epochs, as the recipe), not its fine-tuning choices.
-RECIPE_SIZE = (*TINY, "batch_size=32", "head_warmup_steps=36", "fp16=false", "device=cpu", "num_workers=0",
-               "val_targets=", "save_all_states=false")
-
-
-# ------------------------------------------------------------------------------------------------ data
-def _other_camera(image: np.ndarray) -> np.ndarray:
-    """(112, 112, 3) uint8 RGB as another detector and aligner crop it: looser, the face at 3/4 of the frame on a
-    flat gray background. The features of the early layers are the same; where they lie on the last 7 x 7 feature
-    map, which the embedding layer reads position by position, is not."""
-    from PIL import Image
-
-    side, at = 84, 14
-    out = np.full_like(image, 128)
-    out[at:at + side, at:at + side] = np.asarray(Image.fromarray(image).resize((side, side), Image.BILINEAR))
-    return out
-
-
-def _other_camera_images(identity: int, indices, split: str) -> list[bytes]:
-    from dataset.synthetic_faces import encode_jpeg, identity_params, render_sample
-
-    params = identity_params(SEED, identity)
-    out = []
-    for index in indices:
-        image, quality = render_sample(SEED, split, params, identity, index)
-        out.append(encode_jpeg(_other_camera(image), quality))
-    return out
-
-
-def _write_other_camera_sets(root: Path) -> tuple[Path, Path]:
-    """The fine-tuning set (FINETUNE identities x images, training nuisances) and held-out.bin (PAIRS pairs, half
-    of the same identity, from identities in neither set)."""
-    from dataset.recordio import write_insightface_rec
-    from dataset.verification_set import save_bin
-
-    classes, per_class = FINETUNE
-    items = ((c, jpeg) for c in range(classes)
-             for jpeg in _other_camera_images(FINETUNE_IDS + c, range(per_class), "train"))
-    write_insightface_rec(root / "finetune", items, classes)
-    rng = np.random.default_rng(SEED)
-    images, issame = [], []
-    for i in range(PAIRS):
-        a, b = rng.choice(PAIRS // 4, size=2, replace=False)
-        if i % 2 == 0:
-            images += _other_camera_images(HELD_OUT_IDS + int(a), (2 * i, 2 * i + 1), "hard")
-        else:
-            images += _other_camera_images(HELD_OUT_IDS + int(a), (2 * i,), "hard")
-            images += _other_camera_images(HELD_OUT_IDS + int(b), (2 * i + 1,), "hard")
-        issame.append(i % 2 == 0)
-    save_bin(root / "held_out.bin", images, issame)
-    return root / "finetune", root / "held_out.bin"
 
 
 # ------------------------------------------------------------------------------------------------ the recipe
-def _pretrain(root: Path) -> Path:
-    """model.pt of the tiny network trained on PRETRAIN identities (the demo's settings, PRETRAIN_STEPS steps of
-    32 images)."""
-    from dataset.synthetic_faces import write_dataset
-
-    classes, per_class = PRETRAIN
-    write_dataset(root / "aligned", num_classes=classes, images_per_class=per_class, pairs=2, seed=SEED)
-    train("configs/demo_cpu", root / "pretrained", f"rec={root / 'aligned'}", f"num_classes={classes}",
-          f"num_image={classes * per_class}", f"max_steps={PRETRAIN_STEPS}", "bf16=false", "val_targets=",
-          "save_all_states=false")
-    return root / "pretrained" / "model.pt"
-
-
 def _accuracy(weights: Path, pairs) -> float:
     """Verification accuracy (10 folds, the flip protocol) of a tiny network's model.pt on ``pairs`` (BinData)."""
     from backbones import get_model
@@ -112,9 +39,12 @@ def _accuracy(weights: Path, pairs) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_the_recipe_beats_the_pretrained_model_and_the_recipe_from_scratch(tmp_path):
+@pytest.mark.timeout(480)  # with the session's finetune_data when this test is the first to ask for it
+def test_the_recipe_beats_the_pretrained_model_and_the_recipe_from_scratch(finetune_data, tmp_path):
     from dataset.verification_set import load_bin
+
+    pretrained, tuning = finetune_data["pretrained"], finetune_data["tuning"]
+    pairs = load_bin(finetune_data["held_out"])
 
     def recipe(name: str, init: Path | str) -> float:  # the recipe's run, verified on the held-out pairs
         data = (f"rec={tuning}", f"num_classes={FINETUNE[0]}", f"num_image={FINETUNE[0] * FINETUNE[1]}")
@@ -122,12 +52,9 @@ def test_the_recipe_beats_the_pretrained_model_and_the_recipe_from_scratch(tmp_p
         return _accuracy(tmp_path / name / "model.pt", pairs)
 
     with ThreadPoolExecutor(2) as pool:  # one process at a time on each of two cores
-        pretraining = pool.submit(_pretrain, tmp_path)
-        tuning, held_out = _write_other_camera_sets(tmp_path)
-        pairs = load_bin(held_out)
-        scratch = pool.submit(recipe, "scratch", "none")  # beside the pre-training
-        accuracy = {"finetuned": recipe("finetuned", pretraining.result()), "scratch": scratch.result(),
-                    "pretrained": _accuracy(pretraining.result(), pairs)}
+        scratch = pool.submit(recipe, "scratch", "none")
+        accuracy = {"finetuned": recipe("finetuned", pretrained), "scratch": scratch.result(),
+                    "pretrained": _accuracy(pretrained, pairs)}
     print(f"\nheld-out pairs of the other camera: pre-trained as it is {accuracy['pretrained']:.3f}, fine-tuned "
           f"with the recipe {accuracy['finetuned']:.3f}, the recipe from scratch {accuracy['scratch']:.3f}")
     # Measured 0.695, 0.812 and 0.500: from scratch, the recipe's frozen batch norm keeps a fresh network's
@@ -137,7 +64,7 @@ def test_the_recipe_beats_the_pretrained_model_and_the_recipe_from_scratch(tmp_p
     assert accuracy["finetuned"] >= accuracy["scratch"] + 0.1, accuracy
 
     # The recipe's frozen parts: every batch-norm statistic, and the stem and layer1 whole, as pre-trained.
-    before, after = load_model(tmp_path / "pretrained"), load_model(tmp_path / "finetuned")
+    before, after = load_model(pretrained.parent), load_model(tmp_path / "finetuned")
     kept = [k for k in before if k.endswith(("running_mean", "running_var", "num_batches_tracked"))
             or k.startswith(("conv1.", "bn1.", "prelu.", "layer1."))]
     assert [k for k in kept if not torch.equal(before[k], after[k])] == []
@@ -356,10 +283,11 @@ def finetune_steps(rank: int, world_size: int) -> dict:
     return dict(snapshots=snapshots, losses=losses)
 
 
+@pytest.mark.process
 @pytest.mark.timeout(180)
 def test_two_ddp_ranks_fine_tune_like_one_process():
-    one = run_on_local_ranks(finetune_steps, 1)[0]
-    ranks = run_on_local_ranks(finetune_steps, 2)
+    one = on_ranks(finetune_steps, 1)[0]
+    ranks = on_ranks(finetune_steps, 2)
     for got in ranks:
         assert got["losses"] == pytest.approx(one["losses"], rel=1e-5)
         for a, b in zip(got["snapshots"], one["snapshots"]):
@@ -377,14 +305,15 @@ def test_resuming_inside_the_head_warmup_continues_it(tmp_path):
     from tests.helpers import copy_checkpoints_until
 
     run = ("head_warmup_steps=4", "max_steps=8", "save_every_steps=2", "keep_checkpoints=10", "freeze_bn=true")
-    train("configs/debug_cpu", tmp_path / "whole", *run)
+    train_here("configs/debug_cpu", tmp_path / "whole", *run)
     copy_checkpoints_until(tmp_path / "whole", tmp_path / "resumed", 2)
-    proc = train("configs/debug_cpu", tmp_path / "resumed", *run)
+    proc = train_here("configs/debug_cpu", tmp_path / "resumed", *run)
     assert "resumed from" in proc.stdout and "head alone for the first 4 steps" in proc.stdout
     whole, resumed = load_model(tmp_path / "whole"), load_model(tmp_path / "resumed")
     assert _changed(whole, resumed) == []
 
 
+@pytest.mark.process
 @pytest.mark.timeout(180)
 def test_a_compiled_backbone_fine_tunes_like_the_eager_one(tmp_path):
     """Head warm-up calls the plain backbone, outside torch.compile; the compiled one takes over after it (aot_eager:
@@ -421,7 +350,7 @@ def test_a_bad_value_is_refused_naming_the_key_and_what_is_allowed(override):
                         "(layer1, layer2, layer3, layer4); expected 0..4"),  # found when the backbone is built
 ])
 def test_train_py_says_a_bad_value_in_one_line_and_exits_2(tmp_path, override, message):
-    proc = train("configs/debug_cpu", tmp_path, override, check=False, timeout=120)
+    proc = train_here("configs/debug_cpu", tmp_path, override, check=False)
     assert proc.returncode == 2, proc.stderr
     errors = proc.stderr.strip().splitlines()
     assert len(errors) == 1 and message in errors[0], proc.stderr

@@ -28,6 +28,7 @@ ALL_SKIPPED = ("SKIPPED [9] tests/test_cuda.py:20: needs a CUDA device (make gpu
 SECONDS = {"pytest": 140, "train": 30, "head": 45, "backbone": 20, "backbone_compile": 85}
 
 
+@pytest.mark.process
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: make gpu-check runs for real")
 @pytest.mark.timeout(60)
 def test_without_cuda_it_says_so_in_one_line_and_exits_1(tmp_path):
@@ -48,6 +49,7 @@ def test_without_cuda_it_says_so_in_one_line_and_exits_1(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.process
 def test_missing_packages_are_named_by_their_pip_names(tmp_path, monkeypatch):
     monkeypatch.setattr(G, "NEEDED", {"json": "json", "no_such_module_xyz": "no-such-package"})
     missing, note = G.install_missing(None, tmp_path / "site")
@@ -74,6 +76,7 @@ def _wheel(folder: Path, name: str, module: str) -> Path:
     return path
 
 
+@pytest.mark.process
 @pytest.mark.timeout(120)
 def test_dali_is_installed_from_its_wheel_for_torch_s_cuda(tmp_path, monkeypatch):
     """Without nvidia.dali, --wheels DIR installs the nvidia_dali_cuda<major>0 wheel found there into the site folder
@@ -279,6 +282,7 @@ def test_dali_line_follows_its_tests():
         ("NOT VERIFIED", "nvidia-dali not installed"), ("NOT VERIFIED", "pytest -m cuda did not run")]
 
 
+@pytest.mark.process
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 def test_make_gpu_check_passes_the_wheels_and_the_budget():
     """make gpu-check WHEELS=DIR hands DIR to the command, which installs the missing packages and nvidia-dali

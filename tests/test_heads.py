@@ -22,7 +22,7 @@ from trainer.checkpointing import restore_training_state, save_run
 from trainer.run_state import TrainState
 from utils.checkpoint import load_common, step_dir
 from utils.config import FINGERPRINT_EXCLUDED, fingerprint, load_config
-from bench.local_ranks import run_on_local_ranks
+from tests.helpers import on_ranks
 
 NEW_KEYS = ("margin", "adaface_m", "adaface_h", "adaface_t_alpha", "sub_centers", "head_update")
 # AdaFace with a quick EMA (its statistics move visibly in a few steps), 2 centres per class, every row updated.
@@ -151,7 +151,7 @@ def _restored_on_ranks(rank: int, world_size: int, ckpt: str, output: str):
 @pytest.mark.timeout(240)
 def test_sub_center_head_and_adaface_statistics_repartition_onto_three_ranks(adaface_run, tmp_path):
     ckpt = step_dir(adaface_run, 3)
-    results = run_on_local_ranks(_restored_on_ranks, 3, str(ckpt), str(tmp_path))
+    results = on_ranks(_restored_on_ranks, 3, str(ckpt), str(tmp_path))
     want_weight, want_state = saved_head(ckpt)
     want_buffers = load_common(ckpt)["head_buffers"]
     weight, state, _ = results[0]

@@ -173,6 +173,7 @@ def test_cli_names_an_output_it_cannot_write_after_the_table(mini_ijb, capsys):
     assert "Traceback" not in captured.err
 
 
+@pytest.mark.process
 @pytest.mark.timeout(120)
 def test_cli_names_an_image_that_fails_in_a_loader_worker(mini_ijb, tmp_path, capsys):
     data = tmp_path / "IJBC"
@@ -205,6 +206,7 @@ def test_cli_on_mini_ijb(mini_ijb, tmp_path, capsys, monkeypatch, precision):
     assert (tmp_path / "roc.png").stat().st_size > 0
 
 
+@pytest.mark.process
 @pytest.mark.timeout(120)
 def test_python_m_eval_ijb_still_runs_the_tool(mini_ijb, tmp_path):
     """The old command runs scripts/ijb.py with its arguments, exit status and messages."""

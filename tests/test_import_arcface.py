@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from backbones import get_model
-from bench.local_ranks import run_on_local_ranks
+from tests.helpers import on_ranks
 from tests.helpers import (ROOT, gathered_head_after_resume, logged_lrs, reference_polynomial_warmup, saved_head,
                            subprocess_env, train)
 from trainer.import_arcface import import_run
@@ -186,7 +186,7 @@ def test_the_head_of_two_gpus_lands_on_its_class_ids_and_resumes_on_three(tmp_pa
                                                     f"{run['step']}) to {step_dir(output, run['step'])}"), lines
     assert proc.stderr == ""
     ckpt = check_imported(output, run, world, "sgd")
-    step, weight, state = run_on_local_ranks(gathered_head_after_resume, continue_on, CONFIG, SETS, str(ckpt),
+    step, weight, state = on_ranks(gathered_head_after_resume, continue_on, CONFIG, SETS, str(ckpt),
                                              str(output))[0]
     assert step == DONE_EPOCHS * (IMAGES // (BATCH * continue_on))  # the same epoch end in the new run's steps
     assert torch.equal(weight, run["head"])
@@ -222,7 +222,7 @@ def test_adamw_moments_and_a_ddp_prefixed_backbone(tmp_path):
     proc = run_tool(source, output, "optimizer=adamw")
     assert proc.returncode == 0, proc.stderr
     ckpt = check_imported(output, run, 2, "adamw")
-    step, weight, state = run_on_local_ranks(gathered_head_after_resume, 1, CONFIG, (*SETS, "optimizer=adamw"),
+    step, weight, state = on_ranks(gathered_head_after_resume, 1, CONFIG, (*SETS, "optimizer=adamw"),
                                              str(ckpt), str(output))[0]
     assert torch.equal(weight, run["head"]) and torch.equal(state["exp_avg"], run["head_state"]["exp_avg"])
 

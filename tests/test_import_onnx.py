@@ -281,6 +281,7 @@ def test_graph_variants_read_back_equal_to_onnxruntime(tiny, tmp_path, kind, fol
 
 
 # ------------------------------------------------------------------------------------------------ the command
+@pytest.mark.process
 def test_the_command_writes_weights_and_card_that_the_tools_take(tiny, imported, tmp_path):
     """model.pt loads strictly as model.json describes it and computes the ONNX model's embeddings; the card holds
     the source's facts; scripts/torch2onnx.py on the import writes a file with the original's outputs."""
@@ -309,6 +310,7 @@ def test_the_command_writes_weights_and_card_that_the_tools_take(tiny, imported,
         torch.load(imported / "model.pt", weights_only=True), strict=True)
 
 
+@pytest.mark.process
 def test_an_out_dir_holding_a_model_is_refused_and_kept(tiny, imported, capsys):
     before = (imported / "model.pt").read_bytes()
     rc, _, stderr = import_tool(capsys, tiny[0], imported)
@@ -429,6 +431,7 @@ def _job(imported: Path, freeze_bn: bool, logger):
     return build(cfg, 0, 1, torch.device("cpu"), logger)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("freeze_bn", [False, True])
 def test_the_trainer_says_folded_batch_norms_need_freeze_bn_and_with_it_starts_at_the_onnx_model(
         tiny, imported, caplog, freeze_bn):
@@ -469,23 +472,20 @@ def _logged_accuracy(log: str, step: int) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_fine_tuning_an_import_starts_at_the_onnx_model_and_improves_it(tmp_path, capsys):
+@pytest.mark.timeout(480)  # with the session's finetune_data when this test is the first to ask for it
+def test_fine_tuning_an_import_starts_at_the_onnx_model_and_improves_it(finetune_data, tmp_path, capsys):
     """tests/test_finetune.py's data and recipe (6 epochs instead of 10), from an ONNX file of its pre-trained model:
     eval.verify prints the same numbers for the file and for its import; the run's own verification after the head
     warm-up (the backbone as imported) is the ONNX model's; at the end it is better on the held-out identities."""
     import shutil
-    from concurrent.futures import ThreadPoolExecutor
 
     from backbones import get_model
+    from tests.finetune_data import FINETUNE, RECIPE_SIZE
     from tests.helpers import train
-    from tests.test_finetune import FINETUNE, RECIPE_SIZE, _pretrain, _write_other_camera_sets
 
-    with ThreadPoolExecutor(1) as pool:  # the pre-training on one core, the other camera's sets on the other
-        pretraining = pool.submit(_pretrain, tmp_path)
-        tuning, held_out = _write_other_camera_sets(tmp_path)
-        pretrained = pretraining.result()
-    shutil.copy(held_out, tuning / "held_out.bin")  # where the trainer's verification looks for it
+    pretrained, tuning = finetune_data["pretrained"], tmp_path / "finetune"
+    shutil.copytree(finetune_data["tuning"], tuning)  # the session's copy stays as it is
+    shutil.copy(finetune_data["held_out"], tuning / "held_out.bin")  # where the trainer's verification looks for it
     model = get_model("tiny", num_features=256, widths=(2, 8, 16, 32))
     model.load_state_dict(torch.load(pretrained, weights_only=True), strict=True)
     published = export_like_arcface_torch(model, tmp_path / "published.onnx")

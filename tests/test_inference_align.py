@@ -109,6 +109,7 @@ def _one_error_line(capsys, tool: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------- inference.py --align
+@pytest.mark.process
 @needs_detector
 @pytest.mark.timeout(300)
 def test_inference_align_embeds_the_crop_align_face_makes(photos, run, crops, tmp_path):
@@ -143,6 +144,7 @@ def test_inference_align_errors_are_one_line(photos, run, capsys):
 
 
 # ---------------------------------------------------------------------------------------- compare.py
+@pytest.mark.process
 @needs_detector
 @pytest.mark.timeout(300)
 def test_compare_transforms_of_one_photo_and_two_people(photos, run):
@@ -163,6 +165,7 @@ def test_compare_transforms_of_one_photo_and_two_people(photos, run):
     assert other.stdout.splitlines()[3:] == ["different people: not above the threshold 0.9000 (--threshold)"]
 
 
+@pytest.mark.process
 @needs_detector
 @pytest.mark.timeout(300)
 def test_verify_saves_thresholds_that_compare_reads(photos, run, tmp_path, capsys):
@@ -297,6 +300,7 @@ def test_compare_errors_are_one_line(photos, run, capsys):
         assert stop.value.code == 2 and capsys.readouterr().err.splitlines()[-1] == f"compare.py: error: {message}"
 
 
+@pytest.mark.process
 @pytest.mark.timeout(180)
 def test_without_facenet_pytorch_both_tools_say_how_to_install(photos, run, tmp_path):
     for script, argv in (("scripts/inference.py", ["--img", photos / "astronaut.png", "--align"]),

@@ -13,6 +13,7 @@ import pytest
 
 from tests.helpers import ROOT
 
+pytestmark = pytest.mark.process  # every test runs bash
 DIST = ["--nnodes", "2", "--nproc", "8", "--master-addr", "10.0.0.1"]
 
 

@@ -54,6 +54,7 @@ def test_a_run_takes_refreshes_and_releases_the_lock(tmp_path):
     assert not (tmp_path / LOCK_FILE).exists() and sorted(os.listdir(tmp_path)) == []
 
 
+@pytest.mark.process
 def test_a_second_start_while_a_run_trains_here_is_refused_naming_it(tmp_path, sleeper):
     held = write_lock(tmp_path, pid=sleeper.pid, process_start=_start_time(sleeper.pid), command="train.py first")
     with pytest.raises(ValueError) as refused:
@@ -65,6 +66,7 @@ def test_a_second_start_while_a_run_trains_here_is_refused_naming_it(tmp_path, s
     assert json.loads((tmp_path / LOCK_FILE).read_text()) == held  # untouched
 
 
+@pytest.mark.process
 def test_a_lock_whose_process_is_gone_is_taken_over_with_one_line(tmp_path, caplog):
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     write_lock(tmp_path, pid=int(gone.stdout), command="train.py killed")
@@ -76,6 +78,7 @@ def test_a_lock_whose_process_is_gone_is_taken_over_with_one_line(tmp_path, capl
     assert f"(pid {int(gone.stdout)}) is gone" in lines[0], lines
 
 
+@pytest.mark.process
 def test_a_reused_pid_is_not_the_run_that_held_the_lock(tmp_path, sleeper):
     write_lock(tmp_path, pid=sleeper.pid, process_start="1")  # the pid now names a process started later
     OutputLock(tmp_path, LOGGER).acquire().release()
@@ -134,6 +137,7 @@ def _hold(rank: int, world_size: int, output: str) -> str:
     return "held"
 
 
+@pytest.mark.process
 @pytest.mark.timeout(120)
 def test_every_rank_learns_that_the_folder_is_held(tmp_path, sleeper):
     write_lock(tmp_path, pid=sleeper.pid, process_start=_start_time(sleeper.pid))

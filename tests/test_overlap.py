@@ -43,7 +43,7 @@ from partial_fc.checkpoint import head_shard
 from eval.overlap import (CLASS_MAP, CSV_COLUMNS, ClassMeans, Sample, calibrate, calibration_indices, matches,
                           nearest_classes)
 from scripts import overlap
-from tests.helpers import ROOT
+from tests.helpers import ROOT, run_main
 from utils.checkpoint import save_checkpoint, step_dir
 
 SEED = 0
@@ -161,10 +161,13 @@ def synth(tmp_path_factory):
     return {"out": out, "who": who, "head": head}
 
 
-def _overlap(*argv, timeout: float = 120) -> subprocess.CompletedProcess:
-    """scripts/overlap.py as a user types it (a real process: its exit status and streams)."""
+def _overlap(*argv, process: bool = False) -> subprocess.CompletedProcess:
+    """scripts/overlap.py as a user types it: its exit status and streams, from its main in this process
+    (``tests.helpers.run_main``), or from a real process."""
+    if not process:
+        return run_main(overlap.main, list(map(str, argv)), "scripts/overlap.py")
     cmd = [sys.executable, "scripts/overlap.py", *map(str, argv)]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
 def _rows(text: str) -> list[dict[str, str]]:
@@ -199,11 +202,12 @@ def _check_found(rows: list[dict[str, str]], who: dict[str, list[int]]) -> None:
         assert len(chance) <= _chance_bound(others), (name, sorted(chance))
 
 
+@pytest.mark.process
 @pytest.mark.timeout(300)
 def test_shared_identities_are_all_found_and_a_clean_set_stays_within_its_far(synth):
     out, who = synth["out"], synth["who"]
     proc = _overlap(*MODEL_ARGS, "--weights", out / "model.pt", "--rec", out / "rec", "--bin", out / "shared.bin",
-                    "--bin", out / "clean.bin", "--device", "cpu", "--workers", "0")
+                    "--bin", out / "clean.bin", "--device", "cpu", "--workers", "0", process=True)
     print(proc.stderr)  # the closing note quotes it
     assert proc.returncode == 0, proc.stderr
     rows = _rows(proc.stdout)
@@ -246,6 +250,7 @@ def _listed_classes(stdout: str) -> set[int]:
     return {int(r["class"]) for r in _rows(stdout)}
 
 
+@pytest.mark.process
 @pytest.mark.timeout(300)
 def test_drop_writes_a_rec_without_the_matched_classes(synth, tmp_path):
     out = synth["out"]
@@ -268,6 +273,7 @@ def test_drop_writes_a_rec_without_the_matched_classes(synth, tmp_path):
     assert f"wrote {tmp_path / 'clean_rec'}: {len(kept)} classes, {len(want)} images" in proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_head_centres_of_a_two_rank_checkpoint_and_drop_of_an_image_folder(synth, tmp_path):
     out = synth["out"]
@@ -297,6 +303,7 @@ def _one_error_line(proc: subprocess.CompletedProcess, code: int, *words: str) -
     return lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_errors_are_one_line_with_the_documented_exit_status(synth, tmp_path, capsys):
     out = synth["out"]

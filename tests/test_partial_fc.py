@@ -17,7 +17,7 @@ from losses import AdaFace, ArcFace, CombinedMarginLoss, CosFace
 from partial_fc import (PartialFC, RowSparseAdamW, RowSparseSGD, build_head_optimizer, class_partition, sample_size,
                         sharded_cross_entropy)
 from partial_fc.sharding import init_rows
-from bench.local_ranks import run_on_local_ranks
+from tests.helpers import on_ranks
 from tests.references import adaface_reference, head_loss
 
 pytestmark = pytest.mark.timeout(180)
@@ -132,9 +132,10 @@ def _saturated_logits() -> tuple[torch.Tensor, torch.Tensor]:
     return logits, target
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_partial_fc_matches_single_process(world):
-    results = run_on_local_ranks(_worker, world, timeout=150)
+    results = on_ranks(_worker, world, timeout=150)
     inputs, emb, labels = _global_batch(world)
     full_init = init_rows(0, 0, NUM_CLASSES, D)
 
@@ -628,6 +629,7 @@ def _update_all_worker(rank: int, world: int) -> dict:
     return {case: _update_all_head_steps(rank, *case) for case in UPDATE_ALL_CASES}
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_update_all_head_matches_single_process(world):
     """README: every variant, ``head_update = "all"`` included, equals the single-process full softmax on 1, 2 and 3
@@ -635,7 +637,7 @@ def test_update_all_head_matches_single_process(world):
     ``(num_local, K·D)``; rows a step did not sample are exactly zero (also in the second step, which reuses the
     first one's); the sampled rows, the loss and the embedding gradient equal the reference over
     the classes the step used (``_check_head_steps``, fp32 to 1e-5)."""
-    results = run_on_local_ranks(_update_all_worker, world, timeout=150)
+    results = on_ranks(_update_all_worker, world, timeout=150)
     for case in UPDATE_ALL_CASES:
         _, _, rate = case
         per_rank = []
@@ -841,14 +843,16 @@ def _early_head_worker(rank: int, world: int, margin: str) -> list[bool]:
     return calls
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("margin", ["cosface", "adaface"])
 def test_the_head_starts_the_embeddings_reduce_scatter_early(margin):
     """On 2 ranks the head's backward (fused, and unfused for AdaFace) launches the embeddings' reduce-scatter
     asynchronously before it computes the weight's gradient, and the gather's backward runs no other (the
     values are those of one process: test_partial_fc_matches_single_process)."""
-    assert run_on_local_ranks(_early_head_worker, 2, margin, timeout=120) == [[True], [True]]
+    assert on_ranks(_early_head_worker, 2, margin, timeout=120) == [[True], [True]]
 
 
+@pytest.mark.process
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("rate", [1.0, 0.5])
 def test_compiled_head_equals_eager(rate):
@@ -905,12 +909,13 @@ def _empty_shard_step(rank: int, world: int) -> dict:
     return out
 
 
+@pytest.mark.process
 def test_a_rank_that_samples_no_class_trains_like_one_process():
     """A rank whose shard has no positive and whose sample size ``int(R · num_local)`` is 0 uses no class in the
     step: it adds nothing to the softmax and gets a zero gradient, and the loss and gradients are one process's
     (fused ArcFace; AdaFace and sub-centres, unfused)."""
-    one = run_on_local_ranks(_empty_shard_step, 1)[0]
-    three = run_on_local_ranks(_empty_shard_step, 3)
+    one = on_ranks(_empty_shard_step, 1)[0]
+    three = on_ranks(_empty_shard_step, 3)
     for name in EMPTY_SHARD_MARGINS:
         loss, emb_grad, weight_grad, _, _ = one[name]
         for rank, res in enumerate(three):

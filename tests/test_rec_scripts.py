@@ -32,6 +32,7 @@ def _image(seed: int, size=(112, 112), fmt="JPEG") -> bytes:
     return buf.getvalue()
 
 
+@pytest.mark.process
 @pytest.mark.timeout(60)
 def test_script_runs_from_repo_root():
     """One real subprocess (importing torch costs seconds); the others share the same sys.path set-up."""
@@ -388,6 +389,7 @@ def test_make_rec_errors_are_one_line(tmp_path, capsys, argv, code, message):
     assert not (tmp_path / "rec").exists()
 
 
+@pytest.mark.process
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_make_rec_stopped_while_writing_leaves_no_temporary_files(tmp_path, sig):
@@ -454,6 +456,7 @@ def test_rec_info_names_a_folder_where_the_index_or_the_rec_should_be(tmp_path, 
         f"dataset folder holds train.rec, train.idx and (insightface layout) property"]
 
 
+@pytest.mark.process
 @pytest.mark.timeout(120)
 def test_rec_info_checks_an_image_folder_and_lists_every_bad_file(tmp_path):
     """`scripts/rec_info.py FOLDER --check` on a folder per identity: every image read and decoded on 2 worker

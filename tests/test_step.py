@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from tests.helpers import check_mixed_precision_steps, mixed_precision_steps, tiny_job
-from bench.local_ranks import run_on_local_ranks
+from tests.helpers import on_ranks
 from trainer.run_state import TrainState
 
 pytestmark = pytest.mark.timeout(120)
@@ -135,9 +135,10 @@ def check_skip_decisions(results: list[list[dict]]) -> None:
             assert r["scale_after"] == after, case  # growth only after growth_interval good steps
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_a_non_finite_gradient_skips_both_optimizers_on_every_rank(world_size):
-    check_skip_decisions(run_on_local_ranks(_all_cases, world_size))
+    check_skip_decisions(on_ranks(_all_cases, world_size))
 
 
 def test_loss_scaler_backs_off_grows_and_round_trips_with_gradscaler():
@@ -293,9 +294,10 @@ def _host_reads(rank: int, world_size: int) -> tuple[int, int]:
     return len(reads), len(items)
 
 
+@pytest.mark.process
 def test_reading_the_flags_is_the_steps_one_host_read():
     # On a GPU every read of a device value waits for the device; the step reads only its three flags.
-    assert run_on_local_ranks(_host_reads, 2) == [(3, 0), (3, 0)]
+    assert on_ranks(_host_reads, 2) == [(3, 0), (3, 0)]
 
 
 class _Batches:
@@ -367,10 +369,11 @@ def _loop_reads(rank: int, world_size: int, output: str) -> dict:
             "lines": [line for line in handler.lines if line.startswith("step ")]}
 
 
+@pytest.mark.process
 def test_the_logged_loss_is_read_once_per_progress_line(tmp_path):
     # README ("One decision per step"): the flags are the step's one host read; the loss is summed on the device
     # and read every `frequent` steps (and at the last step), as the running mean of the steps since the last line.
-    for rank, got in enumerate(run_on_local_ranks(_loop_reads, 2, str(tmp_path))):
+    for rank, got in enumerate(on_ranks(_loop_reads, 2, str(tmp_path))):
         assert got["flag_reads"] == 7, got
         assert got["loop_reads"] == [(), (), ()], got  # the loss sums of steps 1-3, 4-6 and 7
         assert [line.split(" epoch")[0] for line in got["lines"]] == ["step 3/7", "step 6/7", "step 7/7"], got
@@ -398,11 +401,12 @@ def _grads_at_the_update(rank: int, world_size: int, clip: float) -> dict:
     return seen
 
 
+@pytest.mark.process
 def test_clip_grad_norm_clips_the_backbone_only():
     # README (`clip_grad_norm`): the backbone's gradient norm is clipped to this value (arcface_torch: 5); the
     # head's gradient is not; 0 turns clipping off.
-    free = run_on_local_ranks(_grads_at_the_update, 2, 0.0)
-    clipped = run_on_local_ranks(_grads_at_the_update, 2, 1e-3)
+    free = on_ranks(_grads_at_the_update, 2, 0.0)
+    clipped = on_ranks(_grads_at_the_update, 2, 1e-3)
     for f, c in zip(free, clipped):
         norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in f["backbone"]]))
         assert norm > 1e-2  # so that a clip at 1e-3 binds
@@ -424,6 +428,7 @@ def _saves(rank: int, world_size: int, output: str, save_all_states: bool) -> No
     train.train(job, TrainState())
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("save_all_states", [True, False])
 def test_checkpoints_at_each_epoch_end_and_the_last_step_or_only_the_weights(tmp_path, save_all_states):
     # README: a checkpoint at each epoch end (and the last step; save_every_steps = 0 adds none between);
@@ -432,7 +437,7 @@ def test_checkpoints_at_each_epoch_end_and_the_last_step_or_only_the_weights(tmp
 
     from utils.checkpoint import list_checkpoints
 
-    run_on_local_ranks(_saves, 2, str(tmp_path), save_all_states)
+    on_ranks(_saves, 2, str(tmp_path), save_all_states)
     names = [p.name for p in list_checkpoints(tmp_path)] if (tmp_path / "checkpoints").exists() else []
     assert names == ([f"step_{s:09d}" for s in (3, 6, 7)] if save_all_states else []), names
     assert (tmp_path / "model.pt").is_file() and json.loads((tmp_path / "model.json").read_text())["step"] == 7
@@ -460,10 +465,11 @@ def test_mixed_precision_trainer_steps(dtype):
     check_mixed_precision_steps(mixed_precision_steps(dtype, "cpu"), dtype)
 
 
+@pytest.mark.process
 def test_fp16_compresses_the_backbones_gradient_all_reduce():
     # README (`fp16 = True`): DDP's gradient all-reduce travels in fp16, as the reference's; fp32 runs do not.
-    assert run_on_local_ranks(_wire_precision, 2, True) == [True, True]
-    assert run_on_local_ranks(_wire_precision, 2, False) == [False, False]
+    assert on_ranks(_wire_precision, 2, True) == [True, True]
+    assert on_ranks(_wire_precision, 2, False) == [False, False]
 
 
 SIZES = (5, 4, 5)  # per-rank batch sizes of the global batch: rank 1's differs
@@ -511,13 +517,14 @@ def check_ranks_train_like_one_process(one: dict, ranks: list[dict]) -> None:
     torch.testing.assert_close(torch.cat([got["shard"][1] for got in ranks]), one["shard"][1], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_ranks_train_like_one_process(world_size):
     """DDP's averaged backbone gradient, the head's gathered embeddings and reduce-scattered gradient (started
     early), the sampled classes and the skip decision's all-reduce, together: N ranks = one process, 11 classes
     over 2 and 3 shards, per-rank batches of different sizes."""
-    one = run_on_local_ranks(ranks_train_like_one_process, 1, world_size)[0]
-    check_ranks_train_like_one_process(one, run_on_local_ranks(ranks_train_like_one_process, world_size, world_size))
+    one = on_ranks(ranks_train_like_one_process, 1, world_size)[0]
+    check_ranks_train_like_one_process(one, on_ranks(ranks_train_like_one_process, world_size, world_size))
 
 
 class _Warnings(logging.Handler):
@@ -568,13 +575,14 @@ def _short_cases(rank: int, world_size: int, bad_rank: int) -> list[dict]:
     return [_whole_batch_bad(rank, world_size, bad_rank, kept, skip) for kept, skip in SHORT_CASES]  # one start
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("world_size, bad_rank", [(2, 0), (3, 1)])
 def test_a_rank_whose_batch_is_left_too_small_skips_the_step_on_every_rank(world_size, bad_rank):
     """Batch norm trains on no fewer than 2 samples: a rank whose loader left out all (or all but one) of its
     samples does not crash alone (the others would wait in the next collective). With skip_bad_images every rank
     skips that update (weights, optimizer state, batch-norm statistics, the loss scale and the non-finite count
     unchanged) and the next step trains; without it every rank stops with the line naming the file."""
-    for rank, per_case in enumerate(run_on_local_ranks(_short_cases, world_size, bad_rank)):
+    for rank, per_case in enumerate(on_ranks(_short_cases, world_size, bad_rank)):
         for (kept, skip), r in zip(SHORT_CASES, per_case):
             case = f"rank {rank}, {kept} sample(s) kept on rank {bad_rank}, skip_bad_images={skip}"
             if not skip:

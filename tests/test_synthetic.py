@@ -120,6 +120,7 @@ def test_script_writes_real_formats_that_our_readers_read_back(tmp_path):
     assert tuple(img.shape) == (3, 112, 112) and int(label) == 1
 
 
+@pytest.mark.process
 @pytest.mark.timeout(120)
 def test_cache_skips_a_complete_dataset_and_rebuilds_on_other_parameters(tmp_path):
     kw = dict(num_classes=2, images_per_class=2, pairs=4, seed=0)

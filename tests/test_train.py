@@ -12,7 +12,7 @@ import torch
 from trainer.run_state import TrainState
 from bench.local_ranks import free_port, run_on_local_ranks
 from tests.helpers import (FIXTURES, ROOT, copy_checkpoints_until, load_model, logged_losses, max_difference,
-                           subprocess_env, tiny_job, train, two_nodes)
+                           on_ranks, subprocess_env, tiny_job, train, train_here, two_nodes)
 
 CONFIG = "configs/debug_cpu"
 # 16 optimizer steps on 2 ranks (one epoch of 256 images at 8 per rank), checkpoints every 4, all kept.
@@ -97,11 +97,15 @@ def test_torch_distributed_launch_and_its_local_rank_argument_are_accepted(tmp_p
     assert "step 2/2" in plain.stdout
 
 
+@pytest.mark.process
 def test_train_cli_rejects_a_misspelt_key_with_a_suggestion(tmp_path):
     proc = train(CONFIG, tmp_path, "momentun=0.8", check=False, timeout=120)
     assert proc.returncode == 2
     assert "momentun" in proc.stderr and "'momentum'" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    # The in-process run of the tests that check mistakes (tests.helpers.train_here) says exactly what this one does.
+    here = train_here(CONFIG, tmp_path, "momentun=0.8", check=False)
+    assert (here.returncode, here.stdout, here.stderr) == (proc.returncode, proc.stdout, proc.stderr)
 
 
 # ---------------------------------------------------------------------------------------- accumulation
@@ -134,14 +138,16 @@ def _accumulation_steps(rank: int, world_size: int) -> list[torch.Tensor]:
     return results
 
 
+@pytest.mark.process
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_gradient_accumulation_of_two_micro_batches_equals_one_double_batch(world_size):
-    for accumulated, single in run_on_local_ranks(_accumulation_steps, world_size):
+    for accumulated, single in on_ranks(_accumulation_steps, world_size):
         assert torch.allclose(accumulated, single, atol=1e-6, rtol=1e-5), (accumulated - single).abs().max()
 
 
 # ---------------------------------------------------------------------------------------- export
+@pytest.mark.process
 @pytest.mark.timeout(180)
 def test_onnx_export_round_trip_and_inference(two_rank_run, tmp_path):
     from torchvision.io import encode_jpeg
@@ -204,6 +210,7 @@ def test_a_missing_verification_file_is_skipped_on_every_rank(tmp_path):
     assert "step 4/4" in log and "Traceback" not in proc.stderr
 
 
+@pytest.mark.process
 def test_num_classes_and_num_image_left_none_come_from_the_rec(tmp_path):
     """configs/base.py: ``num_classes``/``num_image`` = None are read from the dataset (the insightface
     header record and index of the MXNet-written fixture: 6 classes, 30 images)."""
@@ -234,6 +241,7 @@ def test_compile_key_trains_the_compiled_backbone_and_saves_the_plain_one(tmp_pa
     model.load_state_dict(load_model(tmp_path), strict=True)  # model.pt holds no "_orig_mod." prefix
 
 
+@pytest.mark.process
 @pytest.mark.timeout(300)
 def test_compile_head_key_trains_like_the_eager_head(tmp_path):
     """``compile_head = True`` (docs/partial_fc.md): the fused head's local parts through torch.compile (inductor's
@@ -262,6 +270,7 @@ def _ddp_warnings(rank: int, world_size: int) -> list[str]:
     return [f"{w.category.__name__}: {w.message}" for w in caught]
 
 
+@pytest.mark.process
 @pytest.mark.timeout(60)
 def test_ddp_wrapper_raises_no_deprecation_warning():
     assert run_on_local_ranks(_ddp_warnings, 1) == [[]]
@@ -284,6 +293,7 @@ def test_tf32_and_cudnn_benchmark_keys_set_torch_s_switches_on_cuda_only():
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = saved
 
 
+@pytest.mark.process
 def test_model_json_describes_model_pt(two_rank_run):
     import json
 
@@ -301,6 +311,7 @@ def test_model_json_describes_model_pt(two_rank_run):
 WIDE_TINY = 'network_kwargs={"widths": (16, 16, 16, 32)}'  # no strided 1x1 convolution below 16 input channels
 
 
+@pytest.mark.process
 @pytest.mark.timeout(240)
 def test_channels_last_trains_like_the_default_memory_format(tmp_path):
     """README: channels_last changes the memory format only, so one step's weights match to rounding."""
@@ -314,6 +325,7 @@ def test_channels_last_trains_like_the_default_memory_format(tmp_path):
     assert 0 < difference <= 5e-5, difference
 
 
+@pytest.mark.process
 @pytest.mark.timeout(120)
 def test_channels_last_is_refused_on_the_cpu_for_narrow_strided_convolutions(tmp_path):
     proc = train(CONFIG, tmp_path, "channels_last=true", "max_steps=2", check=False, timeout=120)
@@ -324,6 +336,7 @@ def test_channels_last_is_refused_on_the_cpu_for_narrow_strided_convolutions(tmp
     assert not (tmp_path / "checkpoints").exists()
 
 
+@pytest.mark.process
 @pytest.mark.timeout(120)
 def test_inductor_is_refused_on_the_cpu_for_narrow_strided_convolutions(tmp_path):
     proc = train(CONFIG, tmp_path, "compile=true", "max_steps=2", check=False, timeout=120)
@@ -360,6 +373,7 @@ def test_when_a_run_saves_with_short_epochs():
     assert saves(4, 13, 0) == [4, 8, 12, 13]  # save_every_steps = 0: epoch ends and the last step
 
 
+@pytest.mark.process
 def test_a_small_dataset_s_short_epochs_write_a_checkpoint_every_save_every_steps(tmp_path):
     """A step-based run over 4-step epochs (32 images, batch 8) writes a checkpoint every save_every_steps steps,
     not one per epoch, and its log says which key set its length."""
@@ -374,6 +388,7 @@ def test_a_small_dataset_s_short_epochs_write_a_checkpoint_every_save_every_step
     assert "training: 20 steps, set by max_steps = 20 (num_epoch = 20 would be 80); 4 steps per epoch" in log
 
 
+@pytest.mark.process
 def test_a_checkpoint_of_the_previous_identity_rule_resumes(tmp_path):
     """An image-folder run whose checkpoint recorded the data as releases before the one identity-folder rule
     identified it (every file under rec, a Thumbs.db too) resumes by itself, keeping that identity."""

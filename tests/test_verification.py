@@ -425,13 +425,14 @@ def _callback_error(rank: int, world_size: int, folder: str) -> str:
     return "no error"
 
 
+@pytest.mark.process
 @pytest.mark.timeout(120)
 def test_callback_a_refused_bin_is_an_error_on_every_rank_not_a_hang(tmp_path):
     marker = tmp_path / "pwned"
     (tmp_path / "evil.bin").write_bytes(pickle.dumps(([_RunsCommand(marker), b"x"], [True]), protocol=2))
-    from bench.local_ranks import run_on_local_ranks
+    from tests.helpers import on_ranks
 
-    said = run_on_local_ranks(_callback_error, 2, str(tmp_path), timeout=100)
+    said = on_ranks(_callback_error, 2, str(tmp_path), timeout=100)
     assert re.search(r"evil\.bin: refused global (posix|nt)\.system", said[0]), said
     assert said[1] == f"{tmp_path / 'evil.bin'}: rank 0 could not read this verification file", said
     assert not marker.exists()
@@ -448,6 +449,7 @@ def test_folds_are_sklearn_s_unshuffled_kfold(n, k):
         assert np.array_equal(train, want_train) and np.array_equal(test_, want_test)
 
 
+@pytest.mark.process
 def test_importing_the_trainer_does_not_import_sklearn():
     """sklearn costs a training process ~1.7 s of start-up: only the PCA option of the verification imports it."""
     code = "import sys, train; print('sklearn' in sys.modules)"

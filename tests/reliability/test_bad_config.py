@@ -1,5 +1,6 @@
-"""Config and argument mistakes through the real ``train.py`` CLI: a non-zero exit and one line naming the key,
-the value and what is allowed; no traceback. tests/test_config.py tests the rules on ``load_config``."""
+"""Config and argument mistakes through ``train.py``'s command line: a non-zero exit and one line naming the key,
+the value and what is allowed; no traceback. One rank runs ``train.main`` in this process (``train_here``); the
+torchrun cases start the real processes. tests/test_config.py tests the rules on ``load_config``."""
 from __future__ import annotations
 
 import re
@@ -7,7 +8,7 @@ import subprocess
 
 import pytest
 
-from tests.helpers import ROOT, subprocess_env, torchrun_command, train, two_nodes
+from tests.helpers import ROOT, subprocess_env, torchrun_command, train_here, two_nodes
 
 CASES = {
     "unknown_key": ("sample_rat=0.5", r"sample_rat.*'sample_rate'"),
@@ -23,11 +24,10 @@ def error_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
 
 
-@pytest.mark.timeout(90)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_train_cli_rejects_with_one_line(tmp_path, case):
     setting, message = CASES[case]
-    proc = train("configs/debug_cpu", tmp_path / "out", setting, check=False, timeout=80)
+    proc = train_here("configs/debug_cpu", tmp_path / "out", setting, check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out[-3000:]
     assert "Traceback" not in out, out[-3000:]

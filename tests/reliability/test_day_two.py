@@ -1,7 +1,9 @@
 """Day two through the train.py CLI, as a user types it: continue with a changed schedule, move the data,
 start in a folder that holds another run, and every mistake as one line on stderr and in training.log.
 
-Runs are configs/debug_cpu (synthetic data) or the same network on a small image folder; each takes seconds.
+Runs are configs/debug_cpu (synthetic data) or the same network on a small image folder; each takes seconds. One
+rank runs train.py's main in this process (``tests.helpers.train_here``); a full disk, on one rank and two, stops
+real processes.
 """
 from __future__ import annotations
 
@@ -15,8 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import (CONFIG, ROOT, load_model, logged_lrs, subprocess_env, torchrun_command,
-                           train)
+from tests.helpers import CONFIG, ROOT, load_model, logged_lrs, subprocess_env, torchrun_command, train_here
 from utils.checkpoint import find_latest, list_checkpoints, step_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -51,7 +52,7 @@ def faces(root: Path, identities: int = 8, per_identity: int = 4) -> Path:
 def first_run(tmp_path_factory) -> Path:
     """A finished 12-step run with checkpoints at 4, 8, 12."""
     output = tmp_path_factory.mktemp("day_two") / "run"
-    train(CONFIG, output, *RUN)
+    train_here(CONFIG, output, *RUN)
     return output
 
 
@@ -63,7 +64,7 @@ def copy_run(run: Path, to: Path) -> Path:
 # ------------------------------------------------------------------------------------------------ resume
 def test_explicit_resume_continues_a_longer_schedule_with_a_lower_lr_and_another_power(first_run, tmp_path):
     output = copy_run(first_run, tmp_path / "run")
-    proc = train(CONFIG, output, *RUN[1:], "max_steps=20", "lr=0.01", "lr_power=2", "--resume")
+    proc = train_here(CONFIG, output, *RUN[1:], "max_steps=20", "lr=0.01", "lr_power=2", "--resume")
     warning = [line for line in proc.stdout.splitlines() if "with a changed config" in line]
     assert len(warning) == 1 and "lr 0.1 → 0.01" in warning[0] and "max_steps 12 → 20" in warning[0], proc.stdout
     assert "lr_power 1.0 → 2.0" in warning[0], warning
@@ -85,11 +86,11 @@ def test_extending_a_run_continues_its_learning_rate(tmp_path):
     step (it repeated the step before's); a later resume without changes follows the same curve."""
     output = tmp_path / "run"
     sets = ("max_steps=20", "frequent=1", "save_every_steps=5", "keep_checkpoints=5")
-    train(CONFIG, output, *sets)
+    train_here(CONFIG, output, *sets)
     before = {step: float(lr) for step, (_, lr) in logged_lrs(output).items()}
     shutil.rmtree(step_dir(output, 20))
     shutil.rmtree(step_dir(output, 15))  # the job died after step 10: resume at 10 with 30 steps now
-    proc = train(CONFIG, output, "max_steps=30", *sets[1:], "--resume")
+    proc = train_here(CONFIG, output, "max_steps=30", *sets[1:], "--resume")
     warning = [line for line in proc.stdout.splitlines() if "with a changed config" in line]
     assert len(warning) == 1 and "max_steps 20 → 30" in warning[0], proc.stdout
     assert f"goes on from {before[11]:.6g} at step 10 and decays to 0 at step 30" in warning[0], warning
@@ -101,7 +102,7 @@ def test_extending_a_run_continues_its_learning_rate(tmp_path):
     assert after[30] == pytest.approx(before[11] / 20, abs=1e-6)
     shutil.rmtree(step_dir(output, 30))
     shutil.rmtree(step_dir(output, 25))  # resumed again at 20, same config: the same curve
-    train(CONFIG, output, "max_steps=30", *sets[1:])
+    train_here(CONFIG, output, "max_steps=30", *sets[1:])
     again = {step: float(lr) for step, (total, lr) in logged_lrs(output).items() if total == 30}
     assert again[21] == pytest.approx(after[21], abs=1e-7) and again[30] == pytest.approx(after[30], abs=1e-7)
 
@@ -110,10 +111,10 @@ def test_explicit_resume_extends_an_epoch_schedule_and_its_warm_up(tmp_path):
     # 64 images of 8 per step: 8 steps per epoch; 2 epochs with 1 of warm-up, checkpoints at each epoch's end.
     epochs = ("max_steps=0", "num_image=64", "save_every_steps=0", "keep_checkpoints=5", "frequent=1")
     output = tmp_path / "run"
-    train(CONFIG, output, *epochs, "num_epoch=2", "warmup_epoch=1")
+    train_here(CONFIG, output, *epochs, "num_epoch=2", "warmup_epoch=1")
     assert list_checkpoints(output) == [step_dir(output, 8), step_dir(output, 16)]
     shutil.rmtree(step_dir(output, 16))  # as if the job had died in its second epoch
-    proc = train(CONFIG, output, *epochs, "num_epoch=4", "warmup_epoch=2", "--resume")
+    proc = train_here(CONFIG, output, *epochs, "num_epoch=4", "warmup_epoch=2", "--resume")
     warning = [line for line in proc.stdout.splitlines() if "with a changed config" in line]
     assert len(warning) == 1 and "num_epoch 2 → 4" in warning[0] and "warmup_epoch 1 → 2" in warning[0], proc.stdout
     lrs = logged_lrs(output)
@@ -126,13 +127,13 @@ def test_explicit_resume_extends_an_epoch_schedule_and_its_warm_up(tmp_path):
 
 def test_explicit_resume_refuses_what_cannot_continue(first_run, tmp_path):
     output = copy_run(first_run, tmp_path / "run")
-    line = one_error_line(train(CONFIG, output, *RUN, "embedding_size=64", "--resume", check=False), output)
+    line = one_error_line(train_here(CONFIG, output, *RUN, "embedding_size=64", "--resume", check=False), output)
     assert "embedding_size 32 → 64 cannot continue" in line and "init_backbone=" in line and "model.pt" in line
 
 
 def test_auto_resume_names_the_keys_that_differ(first_run, tmp_path):
     output = copy_run(first_run, tmp_path / "run")
-    line = one_error_line(train(CONFIG, output, *RUN, "weight_decay=0.001", check=False), output)
+    line = one_error_line(train_here(CONFIG, output, *RUN, "weight_decay=0.001", check=False), output)
     assert "holds checkpoints of another config (weight_decay 0.0005 → 0.001)" in line and "--resume" in line
     assert list_checkpoints(output) == [step_dir(output, s) for s in (4, 8, 12)]  # nothing deleted
 
@@ -142,10 +143,10 @@ def test_a_moved_dataset_resumes_by_itself(tmp_path):
     sets = ("num_classes=8", "num_image=32", "batch_size=4", "max_steps=8", "save_every_steps=4", "frequent=1",
             "val_targets=")
     output = tmp_path / "run"
-    train(CONFIG, output, f"rec={data}", *sets)
+    train_here(CONFIG, output, f"rec={data}", *sets)
     shutil.rmtree(step_dir(output, 8))  # as if the job had died after step 4
     moved = shutil.move(str(data), tmp_path / "disk2")
-    proc = train(CONFIG, output, f"rec={moved}", *sets)
+    proc = train_here(CONFIG, output, f"rec={moved}", *sets)
     assert "resumed from" in proc.stdout and "at step 4" in proc.stdout, proc.stdout[-2000:]
     assert find_latest(output) == step_dir(output, 8)
 
@@ -156,11 +157,11 @@ def test_a_fresh_run_never_deletes_or_shadows_another_runs_checkpoints(first_run
     to write new ones that the rotation then deleted (the old run's higher steps won)."""
     output = copy_run(first_run, tmp_path / "run")
     model_before = load_model(output)
-    line = one_error_line(train(CONFIG, output, *RUN, "auto_resume=false", "max_steps=8", check=False), output)
+    line = one_error_line(train_here(CONFIG, output, *RUN, "auto_resume=false", "max_steps=8", check=False), output)
     assert "would delete or shadow them" in line and "archive_checkpoints=True" in line and "resume=PATH" in line
     assert list_checkpoints(output) == [step_dir(output, s) for s in (4, 8, 12)]
     assert all(torch.equal(v, load_model(output)[k]) for k, v in model_before.items())  # model.pt untouched
-    proc = train(CONFIG, output, *RUN, "auto_resume=false", "max_steps=8", "archive_checkpoints=true")
+    proc = train_here(CONFIG, output, *RUN, "auto_resume=false", "max_steps=8", "archive_checkpoints=true")
     archived = [p for p in output.iterdir() if p.name.startswith("archive_")]
     assert len(archived) == 1 and sorted(p.name for p in archived[0].iterdir()) == [
         "model.json", "model.pt", "step_000000004", "step_000000008", "step_000000012"], proc.stdout[-2000:]
@@ -169,9 +170,9 @@ def test_a_fresh_run_never_deletes_or_shadows_another_runs_checkpoints(first_run
 
 def test_resume_from_an_older_checkpoint_archives_or_refuses_the_newer_ones(first_run, tmp_path):
     output = copy_run(first_run, tmp_path / "run")
-    line = one_error_line(train(CONFIG, output, *RUN, f"resume={step_dir(output, 4)}", check=False), output)
+    line = one_error_line(train_here(CONFIG, output, *RUN, f"resume={step_dir(output, 4)}", check=False), output)
     assert "step_000000008, step_000000012" in line
-    proc = train(CONFIG, output, *RUN, f"resume={step_dir(output, 4)}", "archive_checkpoints=true")
+    proc = train_here(CONFIG, output, *RUN, f"resume={step_dir(output, 4)}", "archive_checkpoints=true")
     assert "resumed from" in proc.stdout and "at step 4" in proc.stdout
     archived = [p for p in output.iterdir() if p.name.startswith("archive_")]
     assert sorted(p.name for p in archived[0].iterdir()) == ["model.json", "model.pt", "step_000000008",
@@ -195,7 +196,7 @@ def small_faces(tmp_path_factory) -> Path:
 ])
 def test_mistakes_found_while_building_are_one_line(small_faces, tmp_path, setting, message):
     output = tmp_path / "run"
-    line = one_error_line(train(CONFIG, output, f"rec={small_faces}", "num_classes=8", "num_image=32",
+    line = one_error_line(train_here(CONFIG, output, f"rec={small_faces}", "num_classes=8", "num_image=32",
                                 "batch_size=4", "val_targets=", setting, check=False), output)
     assert message in line, line
 
@@ -214,25 +215,26 @@ def test_init_backbone_starts_from_our_model_pt_or_arcface_torch_s_checkpoint(fi
     learned = [k for k in weights if "running" not in k and "num_batches" not in k]  # BN statistics move in any step
     for source, name in ((first_run / "model.pt", "ours"), (arcface, "arcface")):
         output = tmp_path / name
-        train(CONFIG, output, f"init_backbone={source}", "max_steps=1", "lr=1e-12", "frequent=1")
+        train_here(CONFIG, output, f"init_backbone={source}", "max_steps=1", "lr=1e-12", "frequent=1")
         started = load_model(output)
         assert max(float((started[k] - weights[k]).abs().max()) for k in learned) < 1e-6, name
-    line = one_error_line(train(CONFIG, arcface.parent, "resume=true", check=False), arcface.parent)
+    line = one_error_line(train_here(CONFIG, arcface.parent, "resume=true", check=False), arcface.parent)
     assert "checkpoint_gpu_0.pt is arcface_torch's checkpoint" in line and f"init_backbone={arcface}" in line
 
 
 def test_a_bad_init_backbone_file_is_one_line(tmp_path):
     weights = tmp_path / "model.pt"
     torch.save({"conv1.weight": torch.zeros(3)}, weights)
-    line = one_error_line(train(CONFIG, tmp_path / "run", f"init_backbone={weights}", check=False), tmp_path / "run")
+    output = tmp_path / "run"
+    line = one_error_line(train_here(CONFIG, output, f"init_backbone={weights}", check=False), output)
     assert f"{weights} does not match network tiny" in line
 
 
 def test_num_classes_and_num_image_come_from_the_dataset(small_faces, tmp_path):
-    proc = train(CONFIG, tmp_path / "run", f"rec={small_faces}", "num_classes=none", "num_image=none",
+    proc = train_here(CONFIG, tmp_path / "run", f"rec={small_faces}", "num_classes=none", "num_image=none",
                  "batch_size=4", "max_steps=2", "val_targets=")
     assert f"data {small_faces}: num_classes = 8 (from the dataset), num_image = 32 (from the dataset)" in proc.stdout
-    proc = train(CONFIG, tmp_path / "again", f"rec={small_faces}", "num_classes=8", "num_image=none",
+    proc = train_here(CONFIG, tmp_path / "again", f"rec={small_faces}", "num_classes=8", "num_image=none",
                  "batch_size=4", "max_steps=2", "val_targets=")
     assert f"data {small_faces}: num_classes = 8 (the config's), num_image = 32 (from the dataset)" in proc.stdout
 

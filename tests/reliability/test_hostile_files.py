@@ -1,6 +1,7 @@
 """Files crafted to run a command when unpickled (a verification .bin, a checkpoint's common.pt or head shard,
-weights for init_backbone or eval.verify --weights) are refused by the real programs and the command does not
-run. tests/test_checkpoint.py and tests/test_verification.py test the loaders themselves."""
+weights for init_backbone or eval.verify --weights) are refused by the programs (train.py's and scripts/verify.py's
+main, run in this process by ``tests.helpers.run_main``) and the command does not run. tests/test_checkpoint.py and
+tests/test_verification.py test the loaders themselves."""
 from __future__ import annotations
 
 import json
@@ -8,14 +9,13 @@ import os
 import pickle
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torchvision.io import encode_jpeg
 
-from tests.helpers import CONFIG, REFERENCE, ROOT, subprocess_env, train
+from tests.helpers import CONFIG, REFERENCE, run_main, train_here
 from eval.verification import save_bin
 from utils.checkpoint import MANIFEST
 
@@ -36,8 +36,9 @@ def hostile_torch_file(path: Path, marker: Path, **plain) -> Path:
 
 
 def verify(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "eval.verify", "--targets", "lfw", "--device", "cpu", *args],
-                          cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=100)
+    from scripts import verify as tool
+
+    return run_main(tool.main, ["--targets", "lfw", "--device", "cpu", *args], "scripts/verify.py")
 
 
 def good_bin(folder: Path) -> Path:
@@ -76,7 +77,7 @@ def test_verify_refuses_hostile_weights(tmp_path):
 def test_trainer_refuses_hostile_init_backbone(tmp_path):
     marker = tmp_path / "pwned"
     weights = hostile_torch_file(tmp_path / "model.pt", marker)
-    proc = train(CONFIG, tmp_path / "out", f"init_backbone={weights}", check=False, timeout=100)
+    proc = train_here(CONFIG, tmp_path / "out", f"init_backbone={weights}", check=False)
     assert proc.returncode != 0 and f"{weights}: refused" in proc.stderr, proc.stderr[-3000:]
     assert not marker.exists()
 
@@ -94,7 +95,7 @@ def test_trainer_refuses_a_hostile_checkpoint_file(reference_run, tmp_path, name
     manifest = json.loads((ckpt / MANIFEST).read_text())
     manifest["files"][name] = (ckpt / name).stat().st_size
     (ckpt / MANIFEST).write_text(json.dumps(manifest))
-    proc = train(CONFIG, output, *REFERENCE, nproc=1, check=False, timeout=150)
+    proc = train_here(CONFIG, output, *REFERENCE, check=False)
     assert proc.returncode != 0, proc.stdout[-3000:]
     assert f"{ckpt / name}: refused" in proc.stderr, proc.stderr[-3000:]
     assert not marker.exists()

@@ -13,10 +13,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.local_ranks import run_on_local_ranks
+from tests.helpers import on_ranks
 from tests.helpers import (CONFIG, REFERENCE, copy_checkpoints_until, gathered_head_after_resume, logged_losses,
-                           logged_lrs, saved_head, train)
+                           logged_lrs, saved_head, train, train_here)
 from utils.checkpoint import find_latest, step_dir
+
+
+def run(world: int, output: Path, *sets: str):
+    """train.py on ``world`` ranks: torchrun's, or one in this process (``train_here``)."""
+    return train_here(CONFIG, output, *sets) if world == 1 else train(CONFIG, output, *sets, nproc=world)
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +38,7 @@ def three_rank_run(reference_run, tmp_path_factory) -> Path:
 @pytest.mark.parametrize("world_size", [1, 3])
 def test_two_rank_head_resumes_on_another_world_size(reference_run, tmp_path, world_size):
     ckpt = step_dir(reference_run, 10)
-    step, weight, state = run_on_local_ranks(gathered_head_after_resume, world_size, CONFIG, REFERENCE, str(ckpt),
+    step, weight, state = on_ranks(gathered_head_after_resume, world_size, CONFIG, REFERENCE, str(ckpt),
                                              str(tmp_path))[0]
     want_weight, want_state = saved_head(ckpt)
     assert step == 10
@@ -68,7 +73,7 @@ def test_two_to_three_continues_from_late_in_an_epoch(three_rank_run):
 @pytest.mark.timeout(180)
 def test_three_to_two_gives_the_saved_head(three_rank_run, tmp_path):
     ckpt = step_dir(three_rank_run, 30)
-    step, weight, state = run_on_local_ranks(gathered_head_after_resume, 2, CONFIG, REFERENCE, str(ckpt), str(tmp_path),
+    step, weight, state = on_ranks(gathered_head_after_resume, 2, CONFIG, REFERENCE, str(ckpt), str(tmp_path),
                                               timeout=150)[0]
     want_weight, want_state = saved_head(ckpt)
     assert step == 30
@@ -100,7 +105,7 @@ def epoch_runs(tmp_path_factory) -> dict[int, Path]:
     runs = {}
     for world in (1, 2, 3):
         runs[world] = tmp_path_factory.mktemp(f"epochs{world}") / "run"
-        train(CONFIG, runs[world], *EPOCHS, nproc=world)
+        run(world, runs[world], *EPOCHS)
     return runs
 
 
@@ -132,7 +137,7 @@ def test_epoch_schedule_continues_on_another_world_size(epoch_runs, tmp_path, sa
     """Stopped after ``stop_step`` steps on ``saved_world`` ranks, resumed on ``world``: every later step has
     the LR an uninterrupted ``world``-rank run has at that step, and the run ends after the two epochs."""
     output = copy_checkpoints_until(epoch_runs[saved_world], tmp_path / "resumed", step=stop_step)
-    proc = train(CONFIG, output, *EPOCHS, nproc=world)
+    proc = run(world, output, *EPOCHS)
     assert f"world size changed {saved_world} -> {world}" in proc.stdout, proc.stdout[-3000:]
     want, got = logged_lrs(epoch_runs[world]), logged_lrs(output)
     total = max(want)
@@ -155,10 +160,10 @@ def extended_run(tmp_path_factory) -> Path:
     """20 steps on 1 rank, resumed at step 10 with max_steps = 30 and trained to the end: the single-process
     curve of an extended run."""
     output = tmp_path_factory.mktemp("extended") / "run"
-    train(CONFIG, output, "max_steps=20", *EXTENDED)
+    train_here(CONFIG, output, "max_steps=20", *EXTENDED)
     for step in (15, 20):
         shutil.rmtree(step_dir(output, step))
-    proc = train(CONFIG, output, "max_steps=30", *EXTENDED, "--resume")
+    proc = train_here(CONFIG, output, "max_steps=30", *EXTENDED, "--resume")
     assert "goes on from" in proc.stdout, proc.stdout[-3000:]
     return output
 
@@ -184,9 +189,9 @@ def test_an_extended_epoch_run_moved_to_two_ranks_follows_the_curve_at_the_same_
     2-rank step k has the LR of 1-rank step 2k."""
     epochs = ("max_steps=0", "num_image=96", "save_every_steps=0", "keep_checkpoints=10", "frequent=1")
     single = tmp_path / "single"
-    train(CONFIG, single, *epochs, "num_epoch=2")
+    train_here(CONFIG, single, *epochs, "num_epoch=2")
     shutil.rmtree(step_dir(single, 24))
-    train(CONFIG, single, *epochs, "num_epoch=4", "--resume")
+    train_here(CONFIG, single, *epochs, "num_epoch=4", "--resume")
     output = copy_checkpoints_until(single, tmp_path / "moved", step=24)
     proc = train(CONFIG, output, *epochs, "num_epoch=4", nproc=2)
     assert "world size changed 1 -> 2" in proc.stdout and "at step 12" in proc.stdout, proc.stdout[-3000:]
