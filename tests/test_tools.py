@@ -72,6 +72,7 @@ def test_ctrl_c_and_sigterm_unwind_and_say_so(capsys):
     assert capsys.readouterr().err == "tool: interrupted; 3 of 9 saved\n"
 
 
+@pytest.mark.process
 def test_ctrl_c_while_a_tool_imports_is_one_line_and_the_module_loads_no_library(capsys):
     """A tool imports utils.cli first and the rest inside ``quiet_interrupt``: utils.cli itself must load nothing
     heavy (torch takes seconds), and Ctrl-C inside the block is one line and exit 130."""
