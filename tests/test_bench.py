@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from bench.head import HeadConfig, head_rank, summarise
-from bench.plan import predict
 from bench.local_ranks import run_on_local_ranks
+from bench.plan import predict
 
 ROOT = Path(__file__).resolve().parents[1]
 CLASSES, D, B = 200_000, 128, 64

@@ -16,12 +16,24 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import on_ranks
-from utils.files import load_tensors, save_atomic
 from partial_fc import head_shard, load_head_rows, restore_head
-from utils.checkpoint import (MANIFEST, clean_partial, find_latest, is_complete, list_checkpoints, load_common,
-                              load_optimizer_state, load_rng, recover_replaced, rng_state, save_checkpoint,
-                              set_rng_state, step_dir)
+from tests.helpers import on_ranks
+from utils.checkpoint import (
+    MANIFEST,
+    clean_partial,
+    find_latest,
+    is_complete,
+    list_checkpoints,
+    load_common,
+    load_optimizer_state,
+    load_rng,
+    recover_replaced,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+    step_dir,
+)
+from utils.files import load_tensors, save_atomic
 
 D = 4  # embedding size of the fake heads
 
@@ -287,14 +299,16 @@ def test_restore_head_into_parameter_and_optimizer(tmp_path):
     opt = torch.optim.SGD([weight], lr=0.1)
     restore_head(weight, opt, load_head_rows(ckpt, 4, 3))
     full_w, full_s = full_head(7)
-    assert torch.equal(weight.detach(), full_w[4:7]) and torch.equal(opt.state[weight]["exp_avg"], full_s["exp_avg"][4:7])
+    assert torch.equal(weight.detach(), full_w[4:7])
+    assert torch.equal(opt.state[weight]["exp_avg"], full_s["exp_avg"][4:7])
     with pytest.raises(ValueError, match=r"shape \(2, 4\).*\(3, 4\)"):
         restore_head(weight, opt, load_head_rows(ckpt, 0, 2))
 
 
 def test_repartition_errors_name_the_file(tmp_path):
     ckpt = save_world(tmp_path, 1, 2)
-    with pytest.raises(ValueError, match=r"head_rank0.pt: checkpoint was trained with num_classes = 7.*num_classes = 9"):
+    with pytest.raises(ValueError, match=r"head_rank0.pt: checkpoint was trained with num_classes = 7"
+                                         r".*num_classes = 9"):
         load_head_rows(ckpt, 0, 3, num_classes=9)
     with pytest.raises(ValueError, match=r"outside the checkpoint's \[0, 7\)"):
         load_head_rows(ckpt, 5, 3)
@@ -305,7 +319,8 @@ def test_repartition_errors_name_the_file(tmp_path):
         load_head_rows(ckpt, 0, 7)
     bad["weight"] = torch.zeros(2, D)
     save_atomic(bad, ckpt / "head_rank1.pt")
-    with pytest.raises(ValueError, match=r"head_rank1.pt: weight has shape \(2, 4\); expected \(3, K·D\): one row per class"):
+    with pytest.raises(ValueError, match=r"head_rank1.pt: weight has shape \(2, 4\); "
+                                         r"expected \(3, K·D\): one row per class"):
         load_head_rows(ckpt, 0, 7)
     (ckpt / "head_rank1.pt").unlink()
     with pytest.raises(ValueError, match=r"head_rank1.pt: missing head shard of rank 1"):

@@ -6,9 +6,19 @@ from pathlib import Path
 
 import pytest
 
-from utils.config import (BASE_CONFIG, CONFIG_DIR, FINGERPRINT_EXCLUDED, Config, base_file, check_paths, check_world,
-                          derive, fingerprint, load_config)
-from utils.config import _coerce
+from utils.config import (
+    BASE_CONFIG,
+    CONFIG_DIR,
+    FINGERPRINT_EXCLUDED,
+    Config,
+    _coerce,
+    base_file,
+    check_paths,
+    check_world,
+    derive,
+    fingerprint,
+    load_config,
+)
 from utils.config_keys import KEYS
 
 SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("*.py") if p.stem != "__init__")
@@ -310,7 +320,7 @@ def test_derive_counts_optimizer_steps(tmp_path):
         (40, 80, 12, 36, 12)  # 1000 // 40 = 25 micro-steps -> 12 optimizer steps per epoch
     assert derive(cfg, 1).steps_per_epoch == 50
     with pytest.raises(AttributeError):
-        cfg.total_steps  # derived values never appear in the config
+        _ = cfg.total_steps  # derived values never appear in the config
 
 
 def test_derive_max_steps_and_errors(tmp_path):
@@ -408,7 +418,8 @@ def test_fingerprint_of_checkpoints_from_before_the_new_keys():
 
 def test_compile_backend_must_be_one_torch_knows():
     assert load_config("configs/debug_cpu", ["compile_backend=aot_eager"]).compile_backend == "aot_eager"
-    with pytest.raises(ValueError, match="compile_backend = 'inductr' is not allowed; expected a torch.compile backend"):
+    with pytest.raises(ValueError, match="compile_backend = 'inductr' is not allowed; "
+                                         "expected a torch.compile backend"):
         load_config("configs/debug_cpu", ["compile_backend=inductr"])
 
 

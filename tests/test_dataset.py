@@ -9,13 +9,12 @@ import json
 import numpy as np
 import pytest
 import torch
-from tests.helpers import FIXTURES
 from PIL import Image
 
-from dataset import (FaceSampler, ImageFolderDataset, MXFaceDataset, SyntheticDataset, build_dataset,
-                     get_dataloader)
+from dataset import FaceSampler, ImageFolderDataset, MXFaceDataset, SyntheticDataset, build_dataset, get_dataloader
 from dataset.images import decode, decode_many, normalise, stack_flipped
 from dataset.recordio import IndexedRecordIO, IRHeader, RecordIOError, pack
+from tests.helpers import FIXTURES
 
 LAYOUTS = ["rec_insightface", "rec_insightface_vector_label", "rec_im2rec"]
 
@@ -323,7 +322,7 @@ def test_the_loader_leaves_out_a_bad_image_and_names_it(tmp_path):
         loader = get_dataloader(ds, 4, rank=0, world_size=1, seed=0, num_workers=workers, device="cpu")
         loader.set_epoch(0)
         seen, problems = [], []
-        for batch, labels in loader:
+        for _batch, labels in loader:
             seen.append(len(labels))
             problems += loader.take_problems()
         assert sorted(seen) == [3, 4] and sum(seen) == 7, seen

@@ -122,8 +122,8 @@ def test_sigterm_stops_the_running_step_with_sigterm_and_exits_143(tmp_path, cap
 @pytest.mark.parametrize("hardware_bf16", [True, False])
 def test_demo_trains_and_verifies_bf16_only_where_the_cpu_computes_it(tmp_path, monkeypatch, capsys, hardware_bf16):
     # The demo's config asks for bf16; on a CPU that emulates it the demo says so and runs fp32 throughout.
-    from scripts import demo
     import utils.precision
+    from scripts import demo
 
     monkeypatch.setattr(utils.precision, "cpu_computes_bf16", lambda: hardware_bf16)
     config = tmp_path / "demo_small.py"

@@ -4,8 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers import on_ranks
-from tests.helpers import gather
+from tests.helpers import gather, on_ranks
 from utils import distributed as du
 
 pytestmark = pytest.mark.timeout(120)

@@ -195,7 +195,8 @@ def test_targets_with_and_without_bin_and_twice(trained, capsys):
     assert args.targets == {"synth": trained / "synth.bin", "other": trained / "other.bin",
                             "third": trained / "third.bin"}
     with pytest.raises(SystemExit) as exc:
-        verify.parse_args([*MODEL_ARGS, "--random-init", "0", "--data-dir", str(trained), "--targets", "synth,synth.bin"])
+        verify.parse_args([*MODEL_ARGS, "--random-init", "0", "--data-dir", str(trained),
+                           "--targets", "synth,synth.bin"])
     assert exc.value.code == 2 and "--targets names 'synth' twice" in capsys.readouterr().err
 
 
@@ -232,7 +233,8 @@ def test_make_bin_decodes_every_image_first(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert [line.split(": cannot decode image")[0] for line in err[:-1]] == [
         f"make_bin: bad image {tmp_path / 'imgs' / 'cut.jpg'}", f"make_bin: bad image {tmp_path / 'imgs' / 'text.png'}"]
-    assert err[-1] == f"make_bin: error: 2 of 5 images cannot be decoded (listed above); {tmp_path / 'out.bin'} not written"
+    assert err[-1] == ("make_bin: error: 2 of 5 images cannot be decoded (listed above); "
+                       f"{tmp_path / 'out.bin'} not written")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["imgs", "pairs.txt"]  # no .bin, no temporary
 
 
@@ -461,7 +463,8 @@ def test_device_cuda_without_cuda_is_refused_at_parse_time(trained, capsys):
 
 def test_a_model_json_naming_an_unknown_network_names_the_file(trained, tmp_path, capsys):
     (tmp_path / "model.pt").write_bytes((trained / "model.pt").read_bytes())
-    (tmp_path / "model.json").write_text('{"format": 1, "network": "tinny", "network_kwargs": {}, "embedding_size": 16}')
+    (tmp_path / "model.json").write_text(json.dumps({"format": 1, "network": "tinny", "network_kwargs": {},
+                                                     "embedding_size": 16}))
     rc, _, err = _run(capsys, "--weights", tmp_path / "model.pt", "--data-dir", trained, "--targets", "synth")
     assert rc == 2 and err.strip().splitlines() == [
         f"verify: error: {tmp_path / 'model.json'}: unknown backbone 'tinny' (did you mean 'tiny'?); valid names: "

@@ -21,9 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import on_ranks
 from tests.finetune_data import FINETUNE, RECIPE_SIZE
-from tests.helpers import load_model, logged_losses, max_difference, train, train_here
+from tests.helpers import load_model, logged_losses, max_difference, on_ranks, train, train_here
 from trainer.run_state import TrainState
 
 

@@ -15,14 +15,24 @@ import pytest
 import torch
 from torch import nn
 
-from tests.helpers import (CONFIG, ROOT, copy_checkpoints_until, gather, load_model, logged_losses, max_difference,
-                           saved_head, tiny_job, train)
+from tests.helpers import (
+    CONFIG,
+    ROOT,
+    copy_checkpoints_until,
+    gather,
+    load_model,
+    logged_losses,
+    max_difference,
+    on_ranks,
+    saved_head,
+    tiny_job,
+    train,
+)
 from trainer.build import build
 from trainer.checkpointing import restore_training_state, save_run
 from trainer.run_state import TrainState
 from utils.checkpoint import load_common, step_dir
 from utils.config import FINGERPRINT_EXCLUDED, fingerprint, load_config
-from tests.helpers import on_ranks
 
 NEW_KEYS = ("margin", "adaface_m", "adaface_h", "adaface_t_alpha", "sub_centers", "head_update")
 # AdaFace with a quick EMA (its statistics move visibly in a few steps), 2 centres per class, every row updated.

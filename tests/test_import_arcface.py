@@ -25,9 +25,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from backbones import get_model
-from tests.helpers import on_ranks
-from tests.helpers import (ROOT, gathered_head_after_resume, logged_lrs, reference_polynomial_warmup, saved_head,
-                           subprocess_env, train)
+from tests.helpers import (
+    ROOT,
+    gathered_head_after_resume,
+    logged_lrs,
+    on_ranks,
+    reference_polynomial_warmup,
+    saved_head,
+    subprocess_env,
+    train,
+)
 from trainer.import_arcface import import_run
 from trainer.run_state import Schedule, step_lr, train_state_of
 from utils.checkpoint import find_latest, load_common, read_manifest, step_dir

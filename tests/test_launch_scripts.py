@@ -43,10 +43,13 @@ def test_no_arguments_print_usage_and_exit_2(script):
 
 @pytest.mark.parametrize("args, message", [
     ([*DIST, "--node-rank", "2", "configs/x"], "dist.sh: --node-rank 2 must be < --nnodes 2 (node ranks are 0..1)"),
-    ([*DIST, "--node-rank", "5", "--run", "configs/x"], "dist.sh: --node-rank 5 must be < --nnodes 2 (node ranks are 0..1)"),
-    (["--nnodes", "2", "--nproc", "8", "configs/x"], "dist.sh: --nnodes, --nproc, --master-addr and CONFIG are required (see --help)"),
+    ([*DIST, "--node-rank", "5", "--run", "configs/x"],
+     "dist.sh: --node-rank 5 must be < --nnodes 2 (node ranks are 0..1)"),
+    (["--nnodes", "2", "--nproc", "8", "configs/x"],
+     "dist.sh: --nnodes, --nproc, --master-addr and CONFIG are required (see --help)"),
     ([*DIST, "--node-rank"], "dist.sh: --node-rank needs a value (see --help)"),
-    (["--nnodes", "two", "--nproc", "8", "--master-addr", "h", "c"], "dist.sh: --nnodes must be a whole number, got 'two'"),
+    (["--nnodes", "two", "--nproc", "8", "--master-addr", "h", "c"],
+     "dist.sh: --nnodes must be a whole number, got 'two'"),
     (["--nnodes", "0", "--nproc", "8", "--master-addr", "h", "c"], "dist.sh: --nnodes must be >= 1, got 0"),
     ([*DIST, "--run", "configs/x"], "dist.sh: --run needs --node-rank"),
     ([*DIST, "--bogus", "configs/x"], "dist.sh: unknown option --bogus (see --help)"),
@@ -73,8 +76,8 @@ def test_dist_prints_each_node_line_with_the_chosen_python():
 def test_run_passes_config_nproc_and_options_to_the_chosen_python():
     proc = sh("run.sh", "configs/debug_cpu", "2", "--set", "max_steps=20")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == ("-m torch.distributed.run --standalone --nproc_per_node=2 train.py configs/debug_cpu "
-                                   "--set max_steps=20")
+    assert proc.stdout.strip() == ("-m torch.distributed.run --standalone --nproc_per_node=2 train.py "
+                                   "configs/debug_cpu --set max_steps=20")
     proc = sh("run.sh", "configs/debug_cpu", "0")
     assert proc.returncode == 2 and proc.stderr.splitlines() == ["run.sh: NPROC must be >= 1, got 0"]
     proc = sh("run.sh", "--nproc", "2")

@@ -28,7 +28,8 @@ def _loop_reference(cos: torch.Tensor, labels: torch.Tensor, s: float, m1: float
     return out
 
 
-@pytest.mark.parametrize("margins", [(1.0, 0.5, 0.0), (1.0, 0.0, 0.4), (1.35, 0.0, 0.0), (1.2, 0.3, 0.2), (1.0, 0.0, 0.0)])
+@pytest.mark.parametrize("margins", [(1.0, 0.5, 0.0), (1.0, 0.0, 0.4), (1.35, 0.0, 0.0), (1.2, 0.3, 0.2),
+                                     (1.0, 0.0, 0.0)])
 @pytest.mark.parametrize("threshold", [0.0, 0.3])
 def test_forward_matches_loop(margins, threshold):
     g = torch.Generator().manual_seed(1)
@@ -38,7 +39,8 @@ def test_forward_matches_loop(margins, threshold):
     labels = torch.tensor([2, 4, -1, 0, 6, -1])
     loss = CombinedMarginLoss(30.0, *margins, interclass_filtering_threshold=threshold)
     out = loss(cos.clone(), labels)
-    torch.testing.assert_close(out.double(), _loop_reference(cos, labels, 30.0, *margins, threshold), atol=2e-5, rtol=1e-6)
+    torch.testing.assert_close(out.double(), _loop_reference(cos, labels, 30.0, *margins, threshold),
+                               atol=2e-5, rtol=1e-6)
 
 
 def test_insightface_formula_values():
@@ -112,8 +114,8 @@ def test_exact_gradient_values_and_saturation():
     (dict(s=64.0, m1=1.0, m2=1.6, m3=0.0), "m2=1.6"),
     (dict(s=64.0, m1=1.0, m2=0.0, m3=-0.2), "m3=-0.2"),
     (dict(s=64.0, m1=1.0, m2=0.0, m3=0.2, interclass_filtering_threshold=-0.5), "interclass_filtering_threshold=-0.5"),
-    (dict(s=64.0, m1=1.0, m2=0.0, m3=0.2, interclass_filtering_threshold=1.0), "interclass_filtering_threshold=1.0 is "
-                                                                                 r"not allowed; expected 0 \(off\) or a cosine in \(0, 1\)"),
+    (dict(s=64.0, m1=1.0, m2=0.0, m3=0.2, interclass_filtering_threshold=1.0),
+     r"interclass_filtering_threshold=1.0 is not allowed; expected 0 \(off\) or a cosine in \(0, 1\)"),
     (dict(s=64.0, m1=1.0, m2=0.0, m3=0.2, gradient="approx"), "gradient='approx'"),
 ])
 def test_bad_arguments_raise(kwargs, name):

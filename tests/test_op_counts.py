@@ -48,8 +48,8 @@ _HOST_READ_METHODS = {
     Tensor.cpu, Tensor.nonzero, torch.nonzero, Tensor.unique, torch.unique, Tensor.unique_consecutive,
     torch.unique_consecutive, Tensor.masked_select, torch.masked_select, torch.argwhere, Tensor.argwhere,
 }
-_HOST_READ_OPS = {"nonzero", "_local_scalar_dense", "_coalesce", "masked_select", "_unique2", "unique_dim", "unique_consecutive",
-                  "argwhere"}
+_HOST_READ_OPS = {"nonzero", "_local_scalar_dense", "_coalesce", "masked_select", "_unique2", "unique_dim",
+                  "unique_consecutive", "argwhere"}
 
 
 class _Count(TorchDispatchMode):

@@ -36,12 +36,27 @@ from backbones import get_model
 from dataset import ImageFolderDataset, MXFaceDataset
 from dataset.images import decode, normalise
 from dataset.recordio import write_insightface_rec
-from dataset.synthetic_faces import (EVAL_ID_BASE, NuisanceConfig, encode_jpeg, identity_params, image_rng, render,
-                                     sample_nuisance)
+from dataset.synthetic_faces import (
+    EVAL_ID_BASE,
+    NuisanceConfig,
+    encode_jpeg,
+    identity_params,
+    image_rng,
+    render,
+    sample_nuisance,
+)
 from dataset.verification_set import save_bin
+from eval.overlap import (
+    CLASS_MAP,
+    CSV_COLUMNS,
+    ClassMeans,
+    Sample,
+    calibrate,
+    calibration_indices,
+    matches,
+    nearest_classes,
+)
 from partial_fc.checkpoint import head_shard
-from eval.overlap import (CLASS_MAP, CSV_COLUMNS, ClassMeans, Sample, calibrate, calibration_indices, matches,
-                          nearest_classes)
 from scripts import overlap
 from tests.helpers import ROOT, run_main
 from utils.checkpoint import save_checkpoint, step_dir

@@ -14,8 +14,15 @@ from torch import nn
 
 import partial_fc.head
 from losses import AdaFace, ArcFace, CombinedMarginLoss, CosFace
-from partial_fc import (PartialFC, RowSparseAdamW, RowSparseSGD, build_head_optimizer, class_partition, sample_size,
-                        sharded_cross_entropy)
+from partial_fc import (
+    PartialFC,
+    RowSparseAdamW,
+    RowSparseSGD,
+    build_head_optimizer,
+    class_partition,
+    sample_size,
+    sharded_cross_entropy,
+)
 from partial_fc.sharding import init_rows
 from tests.helpers import on_ranks
 from tests.references import adaface_reference, head_loss
@@ -168,9 +175,12 @@ def test_partial_fc_matches_single_process(world):
         else:
             opt_h = torch.optim.AdamW([weight], lr=LR, weight_decay=WD)
         margin = MARGINS["arcface"]()
-        _train_steps(backbone, lambda x, y: _ref_loss(x, weight, y, margin), opt_h, opt_name,
+        def loss_fn(x, y, weight=weight, margin=margin):
+            return _ref_loss(x, weight, y, margin)
+
+        _train_steps(backbone, loss_fn, opt_h, opt_name,
                      [inputs, inputs.flip(0)], [labels, labels.flip(0)])
-        for rank, res in enumerate(results):
+        for res in results:
             start, num = res["class_range"]
             for got, ref in zip(res[f"{opt_name}/backbone"], backbone.parameters()):
                 torch.testing.assert_close(torch.from_numpy(got), ref.detach(), atol=2e-5, rtol=1e-4)
@@ -517,7 +527,7 @@ def _check_head_steps(case: tuple, results: list[list[dict]], world: int) -> Non
         if margin == "adaface":
             def apply(cos, y, norms, stats=stats):
                 logits, *new = adaface_reference(cos, y, norms, *stats, **ADAFACE)
-                apply.stats = tuple(new)
+                apply.stats = tuple(new)  # noqa: B023 (the function of this step, read after the call)
                 return logits
         else:
             apply = lambda cos, y, norms: ArcFace(s=16.0, margin=0.5)(cos, y)  # noqa: E731
@@ -697,8 +707,10 @@ def test_fused_margin_softmax_equals_the_margin_then_cross_entropy(name, rate, u
     results = []
     for fused in (True, False):
         margin = FUSED_MARGINS[name]()
-        head = PartialFC(margin if fused else (lambda cos, target: margin.apply_margin(cos, target)), 32, classes,
-                         rate, seed=3, update=update)
+        def unfused(cos, target, margin=margin):
+            return margin.apply_margin(cos, target)
+
+        head = PartialFC(margin if fused else unfused, 32, classes, rate, seed=3, update=update)
         x = emb.clone().requires_grad_()
         torch.manual_seed(11)  # the same sampled classes
         loss = head(x, labels)

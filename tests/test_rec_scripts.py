@@ -11,18 +11,18 @@ import time
 
 import numpy as np
 import pytest
-from tests.helpers import FIXTURES, ROOT
 from PIL import Image
 
 from dataset import ImageFolderDataset, MXFaceDataset
 from dataset.inspection import rec_info
+from dataset.rec_copy import shuffle_rec, unpack_rec
 from dataset.rec_from_images import list_image_folder, make_rec
+from dataset.recordio import IndexedRecordIO, IRHeader, pack, unpack
 from scripts.make_rec import main as make_rec_main
 from scripts.rec_info import main as rec_info_main
 from scripts.shuffle_rec import main as shuffle_rec_main
 from scripts.unpack_rec import main as unpack_rec_main
-from dataset.rec_copy import shuffle_rec, unpack_rec
-from dataset.recordio import IndexedRecordIO, IRHeader, pack, unpack
+from tests.helpers import FIXTURES, ROOT
 
 
 def _image(seed: int, size=(112, 112), fmt="JPEG") -> bytes:
@@ -173,7 +173,7 @@ def test_shuffle_rec_drops_header_and_keeps_payloads(layout, tmp_path):
     src = MXFaceDataset(FIXTURES / layout)
     out = MXFaceDataset(tmp_path, num_classes=src.num_classes)
     assert n == len(src) == len(out) and out.layout == "im2rec" and out.keys.tolist() == list(range(n))
-    before = sorted((src.raw(i)[:2] for i in range(n)))
+    before = sorted(src.raw(i)[:2] for i in range(n))
     after = [out.raw(i)[:2] for i in range(n)]
     assert sorted(after) == before and after != [src.raw(i)[:2] for i in range(n)]
     with IndexedRecordIO(tmp_path / "train.idx", tmp_path / "train.rec", "r") as r:

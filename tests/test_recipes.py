@@ -2,9 +2,9 @@
 
 ``PUBLISHED`` below is what we promise: each recipe's values as arcface_torch's recipe files write them (read
 from its repository). ``test_table_matches_recipes_tsv`` cross-checks it against the recipes table
-``tests/fixtures/recipes.tsv`` (every arcface_torch recipe's effective values, read from its repository). Three published values are refused by
-our config rules; ``EXPRESSED_AS`` says how each recipe writes the same training behaviour instead, and a test
-per entry shows that the behaviour is the same.
+``tests/fixtures/recipes.tsv`` (every arcface_torch recipe's effective values, read from its repository). Three
+published values are refused by our config rules; ``EXPRESSED_AS`` says how each recipe writes the same training
+behaviour instead, and a test per entry shows that the behaviour is the same.
 
 ``tests/fixtures/recipes_resolved.json`` pins every shipped config's resolved values and fingerprint as they were
 before the key declarations moved into ``utils/config.py`` (``test_every_config_resolves_as_pinned``): a refactor
@@ -21,8 +21,16 @@ import pytest
 import torch
 
 from tests.helpers import FIXTURES, ROOT, reference_polynomial_warmup
-from utils.config import (BASE_CONFIG, CONFIG_DIR, _coerce, _load_module_config, derive, fingerprint, load_config,
-                          resolve_config_path)
+from utils.config import (
+    BASE_CONFIG,
+    CONFIG_DIR,
+    _coerce,
+    _load_module_config,
+    derive,
+    fingerprint,
+    load_config,
+    resolve_config_path,
+)
 from utils.config_keys import KEYS
 from utils.lr_scheduler import lr_at
 
@@ -221,7 +229,8 @@ def test_every_config_resolves_as_pinned(name):
 
 def test_table_matches_recipes_tsv():
     """The table above against the recipes table it was written from."""
-    lines = [line for line in (FIXTURES / "recipes.tsv").read_text().splitlines() if line.strip() and not line.startswith("#")]
+    lines = [line for line in (FIXTURES / "recipes.tsv").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
     header = lines[0].split("\t")
     rows = {fields[0]: dict(zip(header[1:], fields[1:])) for fields in (line.split("\t") for line in lines[1:])}
     assert sorted(rows) == sorted(PUBLISHED)

@@ -8,10 +8,18 @@ import struct
 
 import numpy as np
 import pytest
-from tests.helpers import FIXTURES
 
-from dataset.recordio import (MAGIC, IndexedRecordIO, IRHeader, RecordIOError, encode_record, pack, unpack,
-                            write_insightface_rec)
+from dataset.recordio import (
+    MAGIC,
+    IndexedRecordIO,
+    IRHeader,
+    RecordIOError,
+    encode_record,
+    pack,
+    unpack,
+    write_insightface_rec,
+)
+from tests.helpers import FIXTURES
 
 LAYOUTS = ["rec_insightface", "rec_insightface_vector_label", "rec_im2rec"]
 MAGIC_BYTES = struct.pack("<I", MAGIC)

@@ -12,8 +12,17 @@ import pytest
 import torch
 
 from trainer.checkpointing import make_common, plan_start
-from trainer.run_state import (FIXED_KEYS, Schedule, TrainState, check_continuation, continue_schedule,
-                               continued_lr, resume_position, step_lr, train_state_of)
+from trainer.run_state import (
+    FIXED_KEYS,
+    Schedule,
+    TrainState,
+    check_continuation,
+    continue_schedule,
+    continued_lr,
+    resume_position,
+    step_lr,
+    train_state_of,
+)
 from utils.checkpoint import save_checkpoint, step_dir
 from utils.config import FINGERPRINT_LEGACY, load_config
 from utils.lr_scheduler import lr_at

@@ -16,8 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.helpers import check_mixed_precision_steps, mixed_precision_steps, tiny_job
-from tests.helpers import on_ranks
+from tests.helpers import check_mixed_precision_steps, mixed_precision_steps, on_ranks, tiny_job
 from trainer.run_state import TrainState
 
 pytestmark = pytest.mark.timeout(120)
@@ -255,8 +254,7 @@ def test_the_backbone_optimizer_runs_foreach_with_the_single_tensor_bits(name):
     step over all tensors on the CPU too, with the same values as the loop over tensors."""
     from backbones import get_model
     from losses import ArcFace
-    from partial_fc import build_optimizers
-    from partial_fc import PartialFC
+    from partial_fc import PartialFC, build_optimizers
 
     weights = []
     for foreach in (True, False):
@@ -373,7 +371,7 @@ def _loop_reads(rank: int, world_size: int, output: str) -> dict:
 def test_the_logged_loss_is_read_once_per_progress_line(tmp_path):
     # README ("One decision per step"): the flags are the step's one host read; the loss is summed on the device
     # and read every `frequent` steps (and at the last step), as the running mean of the steps since the last line.
-    for rank, got in enumerate(on_ranks(_loop_reads, 2, str(tmp_path))):
+    for got in on_ranks(_loop_reads, 2, str(tmp_path)):
         assert got["flag_reads"] == 7, got
         assert got["loop_reads"] == [(), (), ()], got  # the loss sums of steps 1-3, 4-6 and 7
         assert [line.split(" epoch")[0] for line in got["lines"]] == ["step 3/7", "step 6/7", "step 7/7"], got

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from scripts import make_synthetic
 from dataset import MXFaceDataset
 from dataset import synthetic_faces as S
+from scripts import make_synthetic
 
 
 def _decode(jpeg: bytes) -> np.ndarray:
@@ -63,7 +63,8 @@ def test_nuisance_strength_orders_easy_hard_train():
     assert any(hard[k] > easy[k] for k in easy)
     assert all(train[k] >= hard[k] for k in hard), (hard, train)
     # Lower JPEG quality is the stronger nuisance.
-    assert S.NUISANCE["train"].jpeg_quality[0] <= S.NUISANCE["hard"].jpeg_quality[0] <= S.NUISANCE["easy"].jpeg_quality[0]
+    quality = {split: S.NUISANCE[split].jpeg_quality[0] for split in ("train", "hard", "easy")}
+    assert quality["train"] <= quality["hard"] <= quality["easy"]
 
 
 @pytest.mark.parametrize("kind", ["easy", "hard"])
@@ -105,7 +106,7 @@ def test_script_writes_real_formats_that_our_readers_read_back(tmp_path):
         # Training images are exactly what the generator renders for those identities.
         assert recordio.unpack(rec.read_idx(4))[1] == S.train_identity_images(0, 1, 3)[0]
 
-    for target, kind in (("syn_easy", "easy"), ("syn_hard", "hard")):
+    for target in ("syn_easy", "syn_hard"):
         images, issame = verification_set.load_bin(out / f"{target}.bin")
         assert tuple(images.shape) == (16, 3, 112, 112) and issame == [i % 2 == 0 for i in range(8)]
     stamp = json.loads((out / S.STAMP_NAME).read_text())

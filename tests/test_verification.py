@@ -18,8 +18,8 @@ import torch
 from torch import nn
 from torchvision.io import encode_jpeg
 
-from tests.helpers import FIXTURES, ROOT, subprocess_env
 from eval import verification as V
+from tests.helpers import FIXTURES, ROOT, subprocess_env
 
 TINY_BIN = FIXTURES / "bins" / "tiny.bin"
 

@@ -86,8 +86,8 @@ def fake_wandb(tmp_path: Path, monkeypatch, fail: str | None = None) -> Path:
     monkeypatch.setenv("PYTHONPATH", f"{package.parent}:{ROOT}")
     monkeypatch.setenv("FAKE_WANDB_LOG", str(tmp_path / "calls.jsonl"))
     if fail is not None:
-        monkeypatch.setenv({"init": "FAKE_WANDB_FAIL", "log": "FAKE_WANDB_LOG_FAILS", "import": "FAKE_WANDB_BROKEN"}[fail],
-                           "1")
+        variable = {"init": "FAKE_WANDB_FAIL", "log": "FAKE_WANDB_LOG_FAILS", "import": "FAKE_WANDB_BROKEN"}[fail]
+        monkeypatch.setenv(variable, "1")
     return tmp_path / "calls.jsonl"
 
 

@@ -10,19 +10,19 @@ from __future__ import annotations
 import re
 import struct
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pytest
 import torch
 from torchvision.io import encode_jpeg
 
-from tests.helpers import ROOT, run_main, subprocess_env, train, train_here
 from dataset import MXFaceDataset
 from dataset.inspection import rec_info
-from scripts.rec_info import main as rec_info_main
 from dataset.recordio import IndexedRecordIO, write_insightface_rec
+from scripts.rec_info import main as rec_info_main
+from tests.helpers import ROOT, run_main, subprocess_env, train, train_here
 
 NUM_CLASSES, PER_CLASS = 4, 4  # 16 images: 2 steps of 8 per epoch on one rank, so every record is read
 TRAIN = (f"num_classes={NUM_CLASSES}", f"num_image={NUM_CLASSES * PER_CLASS}", "max_steps=4",

@@ -9,8 +9,7 @@ import subprocess
 
 import pytest
 
-from tests.helpers import (CONFIG, REFERENCE, ROOT, load_model, max_difference, subprocess_env, torchrun_command,
-                           train)
+from tests.helpers import CONFIG, REFERENCE, ROOT, load_model, max_difference, subprocess_env, torchrun_command, train
 from utils.checkpoint import MANIFEST, find_latest, is_complete, step_dir
 
 # Runs train.main() in a process whose os.replace SIGKILLs the process instead of renaming

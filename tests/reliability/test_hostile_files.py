@@ -15,8 +15,8 @@ import pytest
 import torch
 from torchvision.io import encode_jpeg
 
-from tests.helpers import CONFIG, REFERENCE, run_main, train_here
 from eval.verification import save_bin
+from tests.helpers import CONFIG, REFERENCE, run_main, train_here
 from utils.checkpoint import MANIFEST
 
 

@@ -17,7 +17,7 @@ def snapshot(job) -> dict[str, torch.Tensor]:
     out = {f"model.{k}": v.detach().clone() for k, v in job.backbone.state_dict().items()}
     out["head.weight"] = job.head.weight.detach().clone()
     for name, opt in (("opt_backbone", job.opt_backbone), ("opt_head", job.opt_head)):
-        for i, (param, state) in enumerate(opt.state.items()):
+        for i, state in enumerate(opt.state.values()):
             for k, v in state.items():
                 out[f"{name}.{i}.{k}"] = v.detach().clone() if isinstance(v, torch.Tensor) else torch.tensor(v)
     return out

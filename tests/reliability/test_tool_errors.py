@@ -8,10 +8,10 @@ import os
 import pytest
 import torch
 
-from tests.helpers import FIXTURES, UNWRITABLE
 from scripts import make_bin, make_rec, make_synthetic, shuffle_rec, unpack_rec
-from utils.files import load_tensors
+from tests.helpers import FIXTURES, UNWRITABLE
 from utils.cli import print_error
+from utils.files import load_tensors
 
 
 def _one_line(capsys, tool: str) -> str:
@@ -72,7 +72,8 @@ def test_a_folder_where_a_file_goes_and_a_file_where_a_folder_goes_say_so(tmp_pa
 @pytest.mark.parametrize("tool, argv, message", [
     (make_synthetic, ["--out", "x", "--seed", "-1"], "--seed must be >= 0, got -1"),
     (shuffle_rec, ["src", "dst", "--seed", "-1"], "--seed must be >= 0, got -1"),
-    (make_rec, ["--images", "x", "--out", "y", "--image-size", "0", "112"], "--image-size must be two sizes >= 1, got 0 112"),
+    (make_rec, ["--images", "x", "--out", "y", "--image-size", "0", "112"],
+     "--image-size must be two sizes >= 1, got 0 112"),
 ])
 def test_numbers_out_of_range_name_the_option(tmp_path, capsys, monkeypatch, tool, argv, message):
     monkeypatch.chdir(tmp_path)

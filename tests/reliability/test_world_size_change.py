@@ -13,9 +13,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import on_ranks
-from tests.helpers import (CONFIG, REFERENCE, copy_checkpoints_until, gathered_head_after_resume, logged_losses,
-                           logged_lrs, saved_head, train, train_here)
+from tests.helpers import (
+    CONFIG,
+    REFERENCE,
+    copy_checkpoints_until,
+    gathered_head_after_resume,
+    logged_losses,
+    logged_lrs,
+    on_ranks,
+    saved_head,
+    train,
+    train_here,
+)
 from utils.checkpoint import find_latest, step_dir
 
 
