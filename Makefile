@@ -44,7 +44,7 @@ test-fast: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(PY) scripts/demo.py
 
-# Every benchmark on the CPU (about 4 minutes on a 2-core machine, longer under load); tables on stdout,
+# Every benchmark on the CPU (about 5 minutes on a 2-core machine, longer under load); tables on stdout,
 # JSON under work_dirs/bench/.
 BENCH_OUT := work_dirs/bench
 bench: $(VENV)/.installed
@@ -56,6 +56,7 @@ bench: $(VENV)/.installed
 	$(PY) bench/loader.py --workers 1 --json $(BENCH_OUT)/loader.json
 	$(PY) bench/bin_memory.py --images 12000 --json $(BENCH_OUT)/bin_memory.json
 	$(PY) bench/plan.py --num-classes 29000000 --gpus 8 --sample-rate 0.1 --embedding-size 512 --batch-size 128 --json $(BENCH_OUT)/plan.json
+	$(PY) bench/prepare_faces.py --device cpu --json $(BENCH_OUT)/prepare_faces.json
 
 # The CUDA path on a GPU machine, with that machine's own python3 and torch (no .venv, nothing downloaded):
 # pytest -m cuda, backbone and head benchmarks, fp16/bf16 training runs; report in work_dirs/gpu_check/, whose last
