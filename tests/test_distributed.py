@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from tests.helpers import gather, on_ranks
 from utils import distributed as du
@@ -43,9 +44,8 @@ def _gather_worker(rank: int, world: int) -> dict:
     grad_torch = None
     if len(set(_SIZES[:world])) == 1 or world == 1:
         import torch.distributed.nn.functional as dnn
-        _objective(torch.cat(dnn.all_gather(x)), rank).backward()
+        _objective(torch.cat(dnn.all_gather(x, group=dist.group.WORLD)), rank).backward()
         grad_torch = x.grad.clone()
-    # numpy arrays: torch tensors would travel through shared memory that dies with the worker process
     even = _even_torch_check(rank)
     # numpy arrays: torch tensors would travel through shared memory that dies with the worker process
     return dict(rank=du.get_rank(), world=du.get_world_size(), full=full.detach().numpy(),
@@ -60,7 +60,7 @@ def _even_torch_check(rank: int) -> dict:
     (torch.cat(gather(x)).cos() * (rank + 1)).sum().backward()
     ours = x.grad.clone()
     x.grad = None
-    (torch.cat(dnn.all_gather(x)).cos() * (rank + 1)).sum().backward()
+    (torch.cat(dnn.all_gather(x, group=dist.group.WORLD)).cos() * (rank + 1)).sum().backward()
     return dict(ours=ours.numpy(), theirs=x.grad.numpy())
 
 
