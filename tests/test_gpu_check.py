@@ -287,6 +287,6 @@ def test_dali_line_follows_its_tests():
 def test_make_gpu_check_passes_the_wheels_and_the_budget():
     """make gpu-check WHEELS=DIR hands DIR to the command, which installs the missing packages and nvidia-dali
     from it (test_dali_is_installed_from_its_wheel_for_torch_s_cuda)."""
-    proc = subprocess.run(["make", "-n", "gpu-check", "WHEELS=wheels", "BUDGET=420", "PYTHON=python3"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(["make", "-s", "--no-print-directory", "-n", "gpu-check", "WHEELS=wheels", "BUDGET=420",
+                           "PYTHON=python3"], cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert proc.stdout.strip() == "python3 scripts/gpu_check.py --wheels wheels --budget-s 420", proc.stdout
