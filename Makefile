@@ -25,17 +25,19 @@ setup: $(VENV)/.installed
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .
 
-# Runs the whole suite on the CPU (gloo). pytest's exit code 5 (nothing collected) is a failure too:
-# a suite that runs no test proves nothing.
+# Runs the whole suite on the CPU (gloo), on TEST_WORKERS pytest-xdist workers (a file's tests in one worker:
+# tests/conftest.py). The timeouts are set for a 2-core machine; TEST_WORKERS=0 runs in this process.
+# pytest's exit code 5 (nothing collected) is a failure too: a suite that runs no test proves nothing.
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed
-	@$(PY) -m pytest; rc=$$?; \
+	@$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc
 
 # The inner loop: the suite without the tests that train or start a process (markers `slow` and `process`, which
 # tests/conftest.py keeps true), in under three minutes. `make test` before a push runs everything.
 test-fast: $(VENV)/.installed
-	@$(PY) -m pytest -m "not slow and not process"; rc=$$?; \
+	@$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not slow and not process"; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test-fast: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc
 

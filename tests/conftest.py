@@ -4,7 +4,8 @@ test that starts a process says so, and the session's shared fixtures.
 Multi-process tests start 2-3 ranks on a 2-core machine; one intra-op thread each keeps them from
 oversubscribing the cores. A test that starts a process (a tool's command line, torchrun, spawned ranks, loader
 workers, inductor's compile workers) is marked ``process`` or ``slow``, which ``make test-fast`` leaves out; there,
-a test without either mark fails where it would start one, naming the mark.
+a test without either mark fails where it would start one, naming the mark. ``make test`` runs the files on two
+pytest-xdist workers, a file's tests (and the files that read one shared run) in one worker.
 """
 from __future__ import annotations
 
@@ -46,10 +47,20 @@ def pytest_configure(config):
         multiprocessing.process.BaseProcess.start = _only_if_marked(multiprocessing.process.BaseProcess.start)
 
 
-def pytest_collection_modifyitems(items):
+# Session fixtures holding a run that tests of several files read: make test's workers (pytest-xdist, --dist
+# loadgroup) run those files in one worker, so that the run is made once.
+SHARED_RUNS = ("reference_run", "finetune_data")
+
+
+def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in UNMARKED_PROCESS_MODULES:
             item.add_marker(pytest.mark.process)
+    if config.pluginmanager.hasplugin("xdist"):
+        # One group per file (its module fixtures are computed once), merged where files share a session run.
+        shared = {item.path: run for item in items for run in SHARED_RUNS if run in item.fixturenames}
+        for item in items:
+            item.add_marker(pytest.mark.xdist_group(shared.get(item.path, str(item.path))))
 
 
 @pytest.hookimpl(hookwrapper=True)
