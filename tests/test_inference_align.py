@@ -143,6 +143,19 @@ def test_inference_align_errors_are_one_line(photos, run, capsys):
                                                            f"decode: ")
 
 
+@pytest.mark.timeout(120)
+def test_inference_without_align_warns_that_a_whole_photo_is_not_a_crop(photos, run, capsys):
+    """A raw photo without --align is embedded resized, with one warning saying so and what --align does."""
+    from scripts import inference
+
+    assert inference.main(["--weights", str(run), "--device", "cpu", "--img", str(photos / "astronaut.png")]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        f"inference: warning: {photos / 'astronaut.png'} is 512x512, not 112x112: resized; is it an aligned crop? "
+        f"(--align detects and aligns it)"]
+    assert f"{photos / 'astronaut.png'}: embedding of size 16" in captured.out
+
+
 # ---------------------------------------------------------------------------------------- compare.py
 @pytest.mark.process
 @needs_detector
