@@ -202,8 +202,11 @@ def test_a_bad_image_under_torchrun_stops_every_rank_with_one_line_naming_it(tmp
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0, text[-3000:]
     assert "Connection closed" not in text and "RuntimeError" not in text and "[rank" not in text, text[-3000:]
-    codes = set(re.findall(r"exitcode\s*:\s*(-?\d+)", text))  # torchrun's lines about its workers
-    assert codes <= {"2"}, (codes, text[-3000:])
+    # torchrun's lines about its workers: the first to stop exits 2; a rank still on its way to its own exit 2 when
+    # torchrun sees that one may be stopped by torchrun's SIGTERM (-15), never by a collective's error.
+    codes = set(re.findall(r"exitcode\s*:\s*(-?\d+)", text))
+    root = re.search(r"Root Cause.*?exitcode\s*:\s*(-?\d+)", text, re.S)
+    assert root and root.group(1) == "2" and codes <= {"2", "-15"}, (codes, text[-3000:])
     errors = [line for line in (output / "training.log").read_text().splitlines() if " ERROR " in line]
     assert len(errors) == 1 and "cannot decode image" in errors[0], errors
     assert ("id3/4.jpg" in errors[0] or "id6/4.jpg" in errors[0]) and "skip_bad_images = True" in errors[0]
