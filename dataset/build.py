@@ -56,15 +56,15 @@ def data_identity(rec: str) -> str:
     return _digest(root, sorted(p.relative_to(root) for name in found.classes for p in found.files[name]))
 
 
-def legacy_data_identity(rec: str) -> str | None:
+def legacy_data_identity(rec: str, current: str | None = None) -> str | None:
     """An image folder's identity taken over every file under it, hidden and system files too, when it differs
-    from ``data_identity``'s: the same data, as checkpoints that recorded that form name it. None for a RecordIO
-    or synthetic dataset."""
+    from ``data_identity``'s (``current``, when the caller has it): the same data, as checkpoints that recorded
+    that form name it. None for a RecordIO or synthetic dataset."""
     root = Path(rec)
     if rec == "synthetic" or (root / "train.idx").is_file() or not root.is_dir():
         return None
     legacy = _digest(root, sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file()))
-    return legacy if legacy != data_identity(rec) else None
+    return legacy if legacy != (data_identity(rec) if current is None else current) else None
 
 
 def _digest(root: Path, files: list[Path]) -> str:

@@ -220,8 +220,9 @@ def resume(job: Trainer, steps_per_epoch: int, logger: logging.Logger) -> TrainS
     if job.rank == 0:
         recover_replaced(job.output)
     barrier()  # a checkpoint a stopped save moved aside is back under its name before anyone looks
-    latest, legacy = find_latest(job.output), legacy_data_identity(cfg.rec)
-    if legacy is not None and latest is not None and load_common(latest, mmap=True).get("data") == legacy:
+    latest = find_latest(job.output)  # a fresh run does not list the data again for a rule it cannot meet
+    legacy = legacy_data_identity(cfg.rec, job.data_identity) if latest is not None else None
+    if legacy is not None and load_common(latest, mmap=True).get("data") == legacy:
         # Written before the one identity-folder rule: the folder's data as that release identified it.
         job.data_identity, job.fingerprint = legacy, fingerprint(cfg, legacy)
         logger.info("%s identifies the data as releases before the identity-folder rule did (every file under "
