@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TextIO
 
+from utils.logging_setup import one_line
+
 EXIT_DONE, EXIT_BAD_DATA, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED, EXIT_TERMINATED = 128 + signal.SIGINT, 128 + signal.SIGTERM
 
@@ -46,7 +48,6 @@ class Terminated(KeyboardInterrupt):
 
 def print_error(tool: str, exc: BaseException) -> None:
     """``<tool>: error: <one_line(exc)>`` on stderr: how every tool reports what stopped it."""
-    from utils.logging_setup import one_line  # imports torch: not before a tool has its libraries
 
     print(f"{tool}: error: {one_line(exc)}", file=sys.stderr)
 

@@ -11,8 +11,10 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # annotations only: tools import one_line without loading torch
+    import torch
 
 LOGGER_NAME = "facetrain"
 _FORMAT = "%(asctime)s %(levelname)s %(message)s"
