@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from utils.config_keys import FIXED_KEYS, SCHEDULE_KEYS
+from utils.config_keys import FINGERPRINT_EXCLUDED, FINGERPRINT_LEGACY, FIXED_KEYS, SCHEDULE_KEYS
 from utils.lr_scheduler import lr_at
 
 
@@ -127,7 +127,6 @@ def config_changes(saved: Mapping[str, Any], current: Mapping[str, Any]) -> dict
     """``{key: (saved value, current value)}`` for every key that enters the fingerprint and differs (the
     ``rec`` path aside: the data's identity stands for it). A key added after ``saved`` was written counts with
     the value that trained as the code did then (``FINGERPRINT_LEGACY``)."""
-    from utils.config import FINGERPRINT_EXCLUDED, FINGERPRINT_LEGACY
 
     def plain(v: Any) -> Any:
         return [plain(x) for x in v] if isinstance(v, (list, tuple)) else v

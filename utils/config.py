@@ -33,17 +33,15 @@ from utils.config_keys import (
     COMMON_NAMES,
     FINGERPRINT_EXCLUDED,
     FINGERPRINT_LEGACY,
-    FIXED_KEYS,
     KEYS,
-    SCHEDULE_KEYS,
     SECRET_KEYS,
     SECTIONS,
     Key,
     type_name,
 )
 
-__all__ = ["BASE_CONFIG", "COMMON_NAMES", "CONFIG_DIR", "FINGERPRINT_EXCLUDED", "FINGERPRINT_LEGACY", "FIXED_KEYS",
-           "FORMER_KEYS", "RENAMED_CONFIGS", "SCHEDULE_KEYS", "SECRET_KEYS", "Config", "Derived", "base_file",
+__all__ = ["BASE_CONFIG", "COMMON_NAMES", "CONFIG_DIR", "FINGERPRINT_EXCLUDED", "FINGERPRINT_LEGACY",
+           "FORMER_KEYS", "RENAMED_CONFIGS", "SECRET_KEYS", "Config", "Derived", "base_file",
            "check_paths", "check_world", "derive", "fingerprint", "keys_table",
            "load_config", "origins", "redacted", "resolve_config_path"]
 
