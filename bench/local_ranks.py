@@ -76,23 +76,18 @@ def _stop(procs: list) -> None:
 
 def run_on_local_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
                        timeout: float = 180.0) -> list[Any]:
-    """Call ``fn(rank, world_size, *args)`` on ``world_size`` spawned local ranks; return the results by rank.
+    """Call ``fn(rank, world_size, *args)`` on ``world_size`` local ranks spawned for this call (``LocalRanks``,
+    closed after it); return the results by rank.
 
     For benchmarks and tests (training is launched by torchrun). ``fn`` must be importable (a module-level
     function) and its arguments and result picklable. Every call gets its own free port. Raises
     ``RuntimeError`` with the failing rank's traceback, or after ``timeout`` seconds without a result.
     """
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_local_rank_main, args=(fn, r, world_size, port, backend, args, results))
-             for r in range(world_size)]
-    for p in procs:
-        p.start()
+    ranks = LocalRanks(world_size, backend)
     try:
-        return _collect(fn, world_size, results, timeout)
+        return ranks.run(fn, *args, timeout=timeout)
     finally:
-        _stop(procs)
+        ranks.close()
 
 
 def _serve(rank: int, world_size: int, backend: str, inbox, results, parent: int) -> None:
@@ -136,18 +131,16 @@ class LocalRanks:
                            for r in range(self.world_size)]
             for p in self._procs:
                 p.start()
-        port, done = free_port(), False
+        port = free_port()
         for inbox in self._inboxes:
             inbox.put((fn, port, args))
         try:
-            results = _collect(fn, self.world_size, self._results, timeout)
-            done = True
-            return results
-        finally:
-            if not done:  # a rank may still be in the failed call's collectives: these ranks serve no other
-                for p in self._procs:
-                    p.kill()
-                self.close()
+            return _collect(fn, self.world_size, self._results, timeout)
+        except BaseException:  # a rank may still be in the failed call's collectives: these ranks serve no other
+            for p in self._procs:
+                p.kill()
+            self.close()
+            raise
 
     def close(self) -> None:
         """Stop the ranks (they finish the call they are in)."""
