@@ -33,7 +33,7 @@ from trainer.build import Job, build
 from trainer.output_lock import hold_output
 from trainer.preflight import check_on_every_rank
 from trainer.run_state import TrainState, schedule_of, step_lr
-from utils.config import check_world, load_config
+from utils.config import check_world, config_from_overrides, load_config
 from utils.distributed import gather_lines, get_rank, get_world_size, init_process_group, pick_device
 from utils.logging_setup import ProgressLog, one_line, setup_logging
 from utils.lr_scheduler import apply_lr
@@ -53,13 +53,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="accepted for `python -m torch.distributed.launch`, which passes it; the rank's GPU "
                              "comes from the LOCAL_RANK variable, which torchrun and the launcher set")
     args = parser.parse_args(argv)
-    if args.config is None:  # `--set lr=0.1 configs/NAME`: --set's values took the config name too
-        names = [value for value in args.overrides if "=" not in value]
-        if len(names) != 1:
-            parser.error("the config is required: train.py configs/NAME [--set KEY=VALUE ...]"
-                         + (f"; got several values without '=': {names}" if names else ""))
-        args.config = names[0]
-        args.overrides = [value for value in args.overrides if value != names[0]]
+    names = config_from_overrides(args)
+    if args.config is None:
+        parser.error("the config is required: train.py configs/NAME [--set KEY=VALUE ...]"
+                     + (f"; got several values without '=': {names}" if names else ""))
     if args.local_rank is not None:
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
     return args

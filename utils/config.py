@@ -42,7 +42,7 @@ from utils.config_keys import (
 
 __all__ = ["BASE_CONFIG", "COMMON_NAMES", "CONFIG_DIR", "FINGERPRINT_EXCLUDED", "FINGERPRINT_LEGACY",
            "FORMER_KEYS", "RENAMED_CONFIGS", "SECRET_KEYS", "Config", "Derived", "base_file",
-           "check_paths", "check_world", "derive", "fingerprint", "keys_table",
+           "check_paths", "check_world", "config_from_overrides", "derive", "fingerprint", "keys_table",
            "load_config", "origins", "redacted", "resolve_config_path"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -610,6 +610,16 @@ def _docs_with_table(page: str) -> str:
     return "".join(lines[:start]) + keys_table() + "\n" + "".join(lines[end:])
 
 
+def config_from_overrides(args: argparse.Namespace) -> list[str]:
+    """``--set lr=0.1 configs/NAME``: ``--set`` (``nargs="+"``) takes the config name too. With ``args.config``
+    unset and one value without ``=`` among ``args.overrides``, that value becomes ``args.config``; returns the
+    values without ``=`` (the caller names a missing or ambiguous config its way)."""
+    names = [value for value in args.overrides if "=" not in value]
+    if args.config is None and len(names) == 1:
+        args.config, args.overrides = names[0], [value for value in args.overrides if value != names[0]]
+    return names
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from utils.cli import run_tool
     from utils.files import atomic_write
@@ -624,11 +634,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--write-docs", action="store_true",
                         help="write the key table of docs/configuration.md from the declarations")
     args = parser.parse_args(argv)
-    if args.config is None and args.overrides:  # `--set lr=0.1 configs/NAME`: --set took the name too
-        names = [value for value in args.overrides if "=" not in value]
-        if len(names) != 1:
+    if args.config is None and args.overrides:
+        config_from_overrides(args)
+        if args.config is None:
             parser.error("--set needs a config: python -m utils.config configs/NAME --set KEY=VALUE")
-        args.config, args.overrides = names[0], [value for value in args.overrides if value != names[0]]
 
     def write(path: Path, text: str) -> None:
         atomic_write(path, lambda f: f.write(text.encode()))
