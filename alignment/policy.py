@@ -30,6 +30,10 @@ class FacePolicy:
     min_score: float = 0.9
     min_face_size: float = 40.0
 
+    def counts(self, face: Face) -> bool:
+        """Whether ``face`` passes both thresholds (``min_score`` and ``min_face_size``)."""
+        return face.score >= self.min_score and face.size >= self.min_face_size
+
 
 LARGEST = FacePolicy("largest")  # the tools' policy for one photo: the largest face nearest the centre
 
@@ -47,7 +51,7 @@ class Decision(NamedTuple):
 def decide(faces: list[Face], photo_size: tuple[int, int], policy: FacePolicy) -> Decision:
     """The decision over one photo's detections (every face the detector returned, highest score first);
     ``photo_size`` is (H, W)."""
-    counted = [f for f in faces if f.score >= policy.min_score and f.size >= policy.min_face_size]
+    counted = [f for f in faces if policy.counts(f)]
     if not faces:
         return Decision("no_face", [], None, 0, "no face found")
     if not counted:
