@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import torch
 
-from alignment.detect import MTCNN_MIN_FACE, Face, FaceDetector, choose_faces
+from alignment.detect import Face, FaceDetector, choose_faces, smallest_face_for
 
 MULTI = ("match", "largest", "skip", "all")
 
@@ -83,7 +83,7 @@ def detector_for(policy: FacePolicy, device: torch.device | str = "cpu", **setti
     """A detector that reports every face (the policy applies the thresholds), detecting photos at the scale
     ``policy.min_face_size`` needs; ``settings``: ``FaceDetector``'s others (``detect_size``, ``batch_size``)."""
     return FaceDetector(device, min_score=0.0, min_face_size=0.0,
-                        smallest_face=min(policy.min_face_size, MTCNN_MIN_FACE), **settings)
+                        smallest_face=smallest_face_for(policy.min_face_size), **settings)
 
 
 def add_policy_options(parser: argparse.ArgumentParser) -> None:
