@@ -91,16 +91,12 @@ class FaceDetector:
         # on them (the CPU's NCHW max-pooling with ceil_mode is slow).
         self._mtcnn = MTCNN(keep_all=True, device=self.device).to(memory_format=torch.channels_last)
 
-    def scale(self, height: int, width: int) -> float:
-        """The scale a (height, width) photo is detected at (``detection_scale``)."""
-        return detection_scale(height, width, self.detect_size, self.smallest_face)
-
     def _canvas(self, image: torch.Tensor) -> tuple[torch.Tensor, tuple[float, float]]:
         """(h, w, 3) float32 canvas of ``image`` on the detector's device, and the photo-to-canvas scales along x
         and y. The photo is resized where it is, in uint8 (antialiased when shrunk: a few milliseconds for 12
         megapixels on one CPU core, where a float copy of it alone takes far longer), and only the canvas moves."""
         height, width = image.shape[1:]
-        scale = self.scale(height, width)
+        scale = detection_scale(height, width, self.detect_size, self.smallest_face)
         h, w = max(1, round(height * scale)), max(1, round(width * scale))
         canvas = image[None]  # (1, 3, H, W) uint8
         if (h, w) != (height, width):
