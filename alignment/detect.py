@@ -40,6 +40,13 @@ class Face:
         return min(self.box[2] - self.box[0], self.box[3] - self.box[1])
 
 
+def smallest_face_for(min_face_size: float) -> float:
+    """The smallest face, in the photo's pixels, a small photo must still show MTCNN when faces from
+    ``min_face_size`` up are of interest: that size, at most MTCNN's own 20 (faces from MTCNN's smallest up are
+    found whatever the threshold is; a smaller one makes small photos be looked at enlarged)."""
+    return float(min(min_face_size, MTCNN_MIN_FACE))
+
+
 def detection_scale(height: int, width: int, detect_size: int, smallest_face: float) -> float:
     """The scale a (height, width) photo is detected at: shrunk to fit a ``detect_size`` square, and never enlarged
     beyond what makes a face of ``smallest_face`` pixels MTCNN's smallest (1 for the usual 20; ``smallest_face``
@@ -78,22 +85,18 @@ class FaceDetector:
                                       f"with: {INSTALL}") from exc
         self.device = torch.device(device)
         self.min_score, self.min_face_size = float(min_score), float(min_face_size)
-        self.smallest_face = float(min(min_face_size, MTCNN_MIN_FACE) if smallest_face is None else smallest_face)
+        self.smallest_face = smallest_face_for(min_face_size) if smallest_face is None else float(smallest_face)
         self.detect_size, self.batch_size, self.refine = int(detect_size), int(batch_size), bool(refine)
         # Channels last: MTCNN's inputs are crops of a channels-last photo, and its pooling runs several times faster
         # on them (the CPU's NCHW max-pooling with ceil_mode is slow).
         self._mtcnn = MTCNN(keep_all=True, device=self.device).to(memory_format=torch.channels_last)
-
-    def scale(self, height: int, width: int) -> float:
-        """The scale a (height, width) photo is detected at (``detection_scale``)."""
-        return detection_scale(height, width, self.detect_size, self.smallest_face)
 
     def _canvas(self, image: torch.Tensor) -> tuple[torch.Tensor, tuple[float, float]]:
         """(h, w, 3) float32 canvas of ``image`` on the detector's device, and the photo-to-canvas scales along x
         and y. The photo is resized where it is, in uint8 (antialiased when shrunk: a few milliseconds for 12
         megapixels on one CPU core, where a float copy of it alone takes far longer), and only the canvas moves."""
         height, width = image.shape[1:]
-        scale = self.scale(height, width)
+        scale = detection_scale(height, width, self.detect_size, self.smallest_face)
         h, w = max(1, round(height * scale)), max(1, round(width * scale))
         canvas = image[None]  # (1, 3, H, W) uint8
         if (h, w) != (height, width):

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import torch
 
-from alignment.detect import MTCNN_MIN_FACE, Face, FaceDetector, choose_faces
+from alignment.detect import Face, FaceDetector, choose_faces, smallest_face_for
 
 MULTI = ("match", "largest", "skip", "all")
 
@@ -29,6 +29,10 @@ class FacePolicy:
     multi: str = "match"
     min_score: float = 0.9
     min_face_size: float = 40.0
+
+    def counts(self, face: Face) -> bool:
+        """Whether ``face`` passes both thresholds (``min_score`` and ``min_face_size``)."""
+        return face.score >= self.min_score and face.size >= self.min_face_size
 
 
 LARGEST = FacePolicy("largest")  # the tools' policy for one photo: the largest face nearest the centre
@@ -47,7 +51,7 @@ class Decision(NamedTuple):
 def decide(faces: list[Face], photo_size: tuple[int, int], policy: FacePolicy) -> Decision:
     """The decision over one photo's detections (every face the detector returned, highest score first);
     ``photo_size`` is (H, W)."""
-    counted = [f for f in faces if f.score >= policy.min_score and f.size >= policy.min_face_size]
+    counted = [f for f in faces if policy.counts(f)]
     if not faces:
         return Decision("no_face", [], None, 0, "no face found")
     if not counted:
@@ -79,7 +83,7 @@ def detector_for(policy: FacePolicy, device: torch.device | str = "cpu", **setti
     """A detector that reports every face (the policy applies the thresholds), detecting photos at the scale
     ``policy.min_face_size`` needs; ``settings``: ``FaceDetector``'s others (``detect_size``, ``batch_size``)."""
     return FaceDetector(device, min_score=0.0, min_face_size=0.0,
-                        smallest_face=min(policy.min_face_size, MTCNN_MIN_FACE), **settings)
+                        smallest_face=smallest_face_for(policy.min_face_size), **settings)
 
 
 def add_policy_options(parser: argparse.ArgumentParser) -> None:

@@ -119,7 +119,7 @@ def pack(out: Path, photos: list[Photo], outcomes: list[Outcome], holdout: int, 
                 logger.warning("%s has %d pairs; eval.verify's 10 folds need at least 10", HOLDOUT, len(pairs))
         write_report(staging / "report.csv", rows)
         write_preview(staging / "preview.png", preview_sections(outcomes, crops, lines))
-        per_identity = [sum(1 for c in train if c.label == k) for k in range(len(train_ids))]
+        per_identity = [kept_count[i] for i in train_ids]  # report_rows labels each kept crop by its identity
         summary = _summary(outcomes, len(order), len(with_faces), images, per_identity, len(held), len(pairs))
         atomic_write(staging / STAMP, lambda f: f.write(json_bytes({**stamp, "summary": summary})))
         if aside:

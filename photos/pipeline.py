@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.io import encode_jpeg
 
 from alignment import FaceDetector, FacePolicy, PhotoError, align_face, detector_for, read_photo, read_photo_bytes
-from alignment.detect import MTCNN_MIN_FACE
+from alignment.detect import smallest_face_for
 from photos.duplicates import thumbnail
 from photos.listing import Photo
 from photos.work import DetectorSettings, WorkFolder, content_key
@@ -56,7 +56,7 @@ class Settings:
     def detector(self) -> DetectorSettings:
         # Faces from MTCNN's smallest up are found whatever --min-face-size is, so that another value needs no
         # detection; a smaller --min-face-size makes small photos be looked at enlarged.
-        return DetectorSettings(self.detect_size, float(min(self.min_face_size, MTCNN_MIN_FACE)), self.device)
+        return DetectorSettings(self.detect_size, smallest_face_for(self.min_face_size), self.device)
 
 
 def make_detector(settings: Settings, device: torch.device) -> FaceDetector:

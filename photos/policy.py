@@ -59,7 +59,7 @@ def outcome(entry: dict[str, Any], policy: FacePolicy) -> Outcome:
     faces = [crop.face for crop in crops]
     crop_of = {id(face): crop for face, crop in zip(faces, crops)}
     decision = decide(faces, tuple(entry["size"]), policy)
-    counted = [crop_of[id(f)] for f in faces if f.score >= policy.min_score and f.size >= policy.min_face_size]
+    counted = [crop_of[id(f)] for f in faces if policy.counts(f)]
     return Outcome(decision.status, decision.reason, decision.counted,
                    None if decision.shown is None else crop_of[id(decision.shown)],
                    [crop_of[id(face)] for face in decision.keep], counted if len(counted) > 1 else [])

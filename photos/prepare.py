@@ -9,7 +9,6 @@ docs/data.md ("From your own photos").
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import asdict
@@ -24,7 +23,7 @@ from photos.matching import DEFAULT_THRESHOLD, check_identities, embedder, load_
 from photos.pack import check_out_dir, pack
 from photos.pipeline import Settings, make_detector, run_photos
 from photos.policy import FaceCrop, Outcome, outcome
-from photos.work import WorkFolder
+from photos.work import WorkFolder, content_key
 from utils.cli import UsageError
 
 logger = logging.getLogger(__name__)
@@ -74,7 +73,7 @@ def prepare(source: Path, out: Path, settings: Settings, device: torch.device, l
         if not landmarks_file.is_file():
             raise UsageError(f"--landmarks {landmarks_file} is not a file")
         landmarks = read_landmarks(landmarks_file, source if source.is_dir() else source.parent, photos)
-        landmarks_digest = hashlib.sha256(landmarks_file.read_bytes()).hexdigest()
+        landmarks_digest = content_key(landmarks_file.read_bytes())
     recognition = None if model is None else load_model(model, network, device)
     detector = make_detector(settings, device) if len(landmarks) < len(photos) else None
     out.mkdir(parents=True, exist_ok=True)
