@@ -23,7 +23,6 @@ scene, her face about 500 px, about 2.5 MB each). Then:
 from __future__ import annotations
 
 import argparse
-import inspect
 import io
 import os
 import resource
@@ -48,13 +47,10 @@ TARGETS = {"small": 30.0, "lfw": 30.0, "12mp": 5.0}  # photos/s on the 2-core de
 
 
 def tool_settings(device: torch.device):
-    """The tool's default settings on ``device``: ``FacePolicy``'s and ``FaceDetector``'s defaults."""
-    from alignment import FaceDetector, FacePolicy
+    """The tool's default settings on ``device``."""
     from photos.pipeline import Settings
 
-    policy, detector = FacePolicy(), inspect.signature(FaceDetector).parameters
-    return Settings(policy.multi, policy.min_score, policy.min_face_size, detector["detect_size"].default,
-                    detector["batch_size"].default, device.type)
+    return Settings("match", 0.9, 40.0, 640, 16, device.type)
 
 
 def make_photo(size: str, seed: int) -> bytes:
