@@ -1,5 +1,5 @@
-"""Everything the tests share: paths, ranks in processes, trainer runs, a tool's main in process, a tiny in-process
-Job, references.
+"""Everything the tests share: paths, ranks in processes, trainer runs, a small image folder, a tool's main in
+process, a tiny in-process Job, references.
 
 Imported as ``from tests.helpers import ...`` (pyproject.toml puts the repository root on ``sys.path`` for pytest).
 Every launch gets a free port (picked by the OS) and a timeout, so a hung rendezvous or collective fails the
@@ -78,6 +78,20 @@ def train(config: str, output: Path, *sets: str, nproc: int = 1, timeout: float 
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n"
                              f"--- stderr\n{proc.stderr[-4000:]}")
     return proc
+
+
+def faces(root: Path, identities: int = 8, per_identity: int = 4) -> Path:
+    """A small image folder dataset (one folder per identity) under ``root``: ``per_identity`` random 112x112
+    JPEGs in each, the same bytes on every call (one generator, seed 0)."""
+    from torchvision.io import encode_jpeg
+
+    g = torch.Generator().manual_seed(0)
+    for identity in range(identities):
+        (root / f"id{identity}").mkdir(parents=True, exist_ok=True)
+        for i in range(per_identity):
+            image = torch.randint(0, 256, (3, 112, 112), generator=g, dtype=torch.uint8)
+            (root / f"id{identity}" / f"{i}.jpg").write_bytes(encode_jpeg(image).numpy().tobytes())
+    return root
 
 
 # The filters a fresh interpreter starts with (Python's -W default set): what a tool's process would print.
