@@ -1,5 +1,5 @@
-"""Everything the tests share: paths, ranks in processes, trainer runs, a small image folder, a tool's main in
-process, a tiny in-process Job, references.
+"""Everything the tests share: paths, ranks in processes, trainer runs, a small image folder, a tiny run folder, a
+tool's main in process, a tiny in-process Job, references.
 
 Imported as ``from tests.helpers import ...`` (pyproject.toml puts the repository root on ``sys.path`` for pytest).
 Every launch gets a free port (picked by the OS) and a timeout, so a hung rendezvous or collective fails the
@@ -92,6 +92,23 @@ def faces(root: Path, identities: int = 8, per_identity: int = 4) -> Path:
             image = torch.randint(0, 256, (3, 112, 112), generator=g, dtype=torch.uint8)
             (root / f"id{identity}" / f"{i}.jpg").write_bytes(encode_jpeg(image).numpy().tobytes())
     return root
+
+
+def tiny_run(folder: Path, network_kwargs: dict, *, indent: int | None = None) -> nn.Module:
+    """``folder`` as the trainer leaves a run: an untrained tiny network's (seed 0, 16 features, built with
+    ``network_kwargs``) model.pt and its model.json (``json.dumps`` with ``indent``). Returns the network."""
+    import json
+
+    from backbones import get_model
+    from eval.model_card import MODEL_CARD, model_card
+
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    net = get_model("tiny", num_features=16, **network_kwargs)
+    torch.save(net.state_dict(), folder / "model.pt")
+    card = model_card("tiny", network_kwargs, 16, fingerprint="0" * 16, step=0)
+    (folder / MODEL_CARD).write_text(json.dumps(card, indent=indent))
+    return net
 
 
 # The filters a fresh interpreter starts with (Python's -W default set): what a tool's process would print.
