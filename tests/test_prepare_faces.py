@@ -45,6 +45,7 @@ from tests.helpers import ROOT, subprocess_env, tiny_run, train
 
 pytest.importorskip("facenet_pytorch")
 pytest.importorskip("skimage")
+pytestmark = pytest.mark.process  # scripts/prepare_faces.py runs in processes from module fixtures
 
 SCRIPT = str(ROOT / "scripts" / "prepare_faces.py")
 # The flags of the main output: batches of 3 photos, so that a run interrupted has photos done and photos to do.
