@@ -68,6 +68,12 @@ def torchrun_command(nproc: int, *, port: int | None = None, nnodes: int = 1, no
             f"--max-restarts={max_restarts}", "--monitor-interval=0.5"]
 
 
+def _run_failed(proc: subprocess.CompletedProcess) -> AssertionError:
+    """The failure of a run that ``check``ed: its command line, exit status and the ends of stdout and stderr."""
+    return AssertionError(f"{' '.join(proc.args)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n"
+                          f"--- stderr\n{proc.stderr[-4000:]}")
+
+
 def train(config: str, output: Path, *sets: str, nproc: int = 1, timeout: float = 240,
           check: bool = True) -> subprocess.CompletedProcess:
     """Run train.py on ``nproc`` ranks (plain python when 1) with ``output=...`` and ``--set`` pairs."""
@@ -75,8 +81,7 @@ def train(config: str, output: Path, *sets: str, nproc: int = 1, timeout: float 
     cmd = [sys.executable, *args] if nproc == 1 else [*torchrun_command(nproc), *args]
     proc = subprocess.run(cmd, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n"
-                             f"--- stderr\n{proc.stderr[-4000:]}")
+        raise _run_failed(proc)
     return proc
 
 
@@ -168,8 +173,7 @@ def train_here(config: str, output: Path, *sets: str, check: bool = True) -> sub
 
     proc = run_main(train_py.main, [config, "--set", f"output={output}", *sets], "train.py")
     if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(proc.args)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n"
-                             f"--- stderr\n{proc.stderr[-4000:]}")
+        raise _run_failed(proc)
     return proc
 
 
