@@ -25,10 +25,6 @@ PROCESS_MARKS = ("process", "slow")  # pyproject.toml declares them; `make test-
 _running: list[pytest.Item] = []  # the test being set up, run or torn down
 
 
-# tests/test_prepare_faces.py (its owner's) runs scripts/prepare_faces.py in processes from module fixtures.
-UNMARKED_PROCESS_MODULES = ("test_prepare_faces.py",)
-
-
 def _only_if_marked(start):
     """``start`` (what every new process goes through), refused to a test that is not marked as starting one."""
     @functools.wraps(start)
@@ -53,9 +49,6 @@ SHARED_RUNS = ("reference_run", "finetune_data")
 
 
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.path.name in UNMARKED_PROCESS_MODULES:
-            item.add_marker(pytest.mark.process)
     if config.pluginmanager.hasplugin("xdist"):
         # One group per file (its module fixtures are computed once), merged where files share a session run.
         shared = {item.path: run for item in items for run in SHARED_RUNS if run in item.fixturenames}

@@ -1,5 +1,5 @@
-"""Everything the tests share: paths, ranks in processes, trainer runs, a tool's main in process, a tiny in-process
-Job, references.
+"""Everything the tests share: paths, ranks in processes, trainer runs, a small image folder, a tiny run folder, a
+tool's main in process, a tiny in-process Job, references.
 
 Imported as ``from tests.helpers import ...`` (pyproject.toml puts the repository root on ``sys.path`` for pytest).
 Every launch gets a free port (picked by the OS) and a timeout, so a hung rendezvous or collective fails the
@@ -68,6 +68,12 @@ def torchrun_command(nproc: int, *, port: int | None = None, nnodes: int = 1, no
             f"--max-restarts={max_restarts}", "--monitor-interval=0.5"]
 
 
+def _run_failed(proc: subprocess.CompletedProcess) -> AssertionError:
+    """The failure of a run that ``check``ed: its command line, exit status and the ends of stdout and stderr."""
+    return AssertionError(f"{' '.join(proc.args)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n"
+                          f"--- stderr\n{proc.stderr[-4000:]}")
+
+
 def train(config: str, output: Path, *sets: str, nproc: int = 1, timeout: float = 240,
           check: bool = True) -> subprocess.CompletedProcess:
     """Run train.py on ``nproc`` ranks (plain python when 1) with ``output=...`` and ``--set`` pairs."""
@@ -75,9 +81,39 @@ def train(config: str, output: Path, *sets: str, nproc: int = 1, timeout: float 
     cmd = [sys.executable, *args] if nproc == 1 else [*torchrun_command(nproc), *args]
     proc = subprocess.run(cmd, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n"
-                             f"--- stderr\n{proc.stderr[-4000:]}")
+        raise _run_failed(proc)
     return proc
+
+
+def faces(root: Path, identities: int = 8, per_identity: int = 4) -> Path:
+    """A small image folder dataset (one folder per identity) under ``root``: ``per_identity`` random 112x112
+    JPEGs in each, the same bytes on every call (one generator, seed 0)."""
+    from torchvision.io import encode_jpeg
+
+    g = torch.Generator().manual_seed(0)
+    for identity in range(identities):
+        (root / f"id{identity}").mkdir(parents=True, exist_ok=True)
+        for i in range(per_identity):
+            image = torch.randint(0, 256, (3, 112, 112), generator=g, dtype=torch.uint8)
+            (root / f"id{identity}" / f"{i}.jpg").write_bytes(encode_jpeg(image).numpy().tobytes())
+    return root
+
+
+def tiny_run(folder: Path, network_kwargs: dict, *, indent: int | None = None) -> nn.Module:
+    """``folder`` as the trainer leaves a run: an untrained tiny network's (seed 0, 16 features, built with
+    ``network_kwargs``) model.pt and its model.json (``json.dumps`` with ``indent``). Returns the network."""
+    import json
+
+    from backbones import get_model
+    from eval.model_card import MODEL_CARD, model_card
+
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    net = get_model("tiny", num_features=16, **network_kwargs)
+    torch.save(net.state_dict(), folder / "model.pt")
+    card = model_card("tiny", network_kwargs, 16, fingerprint="0" * 16, step=0)
+    (folder / MODEL_CARD).write_text(json.dumps(card, indent=indent))
+    return net
 
 
 # The filters a fresh interpreter starts with (Python's -W default set): what a tool's process would print.
@@ -137,8 +173,7 @@ def train_here(config: str, output: Path, *sets: str, check: bool = True) -> sub
 
     proc = run_main(train_py.main, [config, "--set", f"output={output}", *sets], "train.py")
     if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(proc.args)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n"
-                             f"--- stderr\n{proc.stderr[-4000:]}")
+        raise _run_failed(proc)
     return proc
 
 

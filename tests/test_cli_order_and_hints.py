@@ -55,8 +55,7 @@ def test_every_common_name_points_at_a_key():
 def test_readme_s_image_folder_example_trains_on_two_ranks(tmp_path):
     """README's three lines for a folder of identity folders: copy configs/image_folder_r50.py and set its rec,
     check the folder, torchrun on 2 ranks. The tiny network and 4 steps (--set) keep it short on a CPU."""
-    from tests.helpers import torchrun_command
-    from tests.reliability.test_day_two import faces
+    from tests.helpers import faces, torchrun_command
 
     readme = (ROOT / "README.md").read_text()
     assert "cp configs/image_folder_r50.py configs/my_faces.py" in readme

@@ -17,10 +17,10 @@ from PIL import Image
 from alignment import read_photo
 from backbones import get_model
 from dataset.images import decode, decode_many
-from eval.model_card import MODEL_CARD, model_card
+from eval.model_card import MODEL_CARD
 from eval.verification import embed
 from scripts import compare
-from tests.helpers import ROOT
+from tests.helpers import ROOT, tiny_run
 
 TINY = {"widths": [4, 8, 8, 16]}
 ORIENTATION = 0x0112  # the EXIF tag; 6: the stored pixels are shown turned 90 degrees clockwise
@@ -66,9 +66,7 @@ def test_exif_orientation_6_decodes_upright_and_the_same_through_both_readers(tm
 def run(tmp_path_factory) -> Path:
     """A run folder as the trainer leaves it: an untrained tiny network's model.pt and its model.json."""
     folder = tmp_path_factory.mktemp("run")
-    torch.manual_seed(0)
-    torch.save(get_model("tiny", num_features=16, **TINY).state_dict(), folder / "model.pt")
-    (folder / MODEL_CARD).write_text(json.dumps(model_card("tiny", TINY, 16, fingerprint="0" * 16, step=0)))
+    tiny_run(folder, TINY)
     return folder
 
 

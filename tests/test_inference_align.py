@@ -19,7 +19,7 @@ import torch
 from torchvision.io import encode_png
 
 from backbones.onnx_export import export
-from tests.helpers import ROOT
+from tests.helpers import ROOT, tiny_run
 
 pytest.importorskip("skimage")
 DETECTOR = importlib.util.find_spec("facenet_pytorch") is not None
@@ -60,15 +60,8 @@ def photos(tmp_path_factory) -> Path:
 def run(tmp_path_factory) -> Path:
     """A run folder as the trainer leaves it: an untrained tiny network's model.pt and its model.json; and the
     network exported beside them as model.onnx, as torch2onnx.py writes it."""
-    from backbones import get_model
-    from eval.model_card import MODEL_CARD, model_card
-
     folder = tmp_path_factory.mktemp("run")
-    torch.manual_seed(0)
-    net = get_model("tiny", num_features=16, **TINY).eval()
-    torch.save(net.state_dict(), folder / "model.pt")
-    card = model_card("tiny", TINY, 16, fingerprint="0" * 16, step=0)
-    (folder / MODEL_CARD).write_text(json.dumps(card, indent=1))
+    net = tiny_run(folder, TINY, indent=1).eval()
     export(net, folder / "model.onnx")  # as scripts/torch2onnx.py writes it
     return folder
 

@@ -41,10 +41,11 @@ from photos.pack import OUTPUT_FILES
 from photos.report import REPORT_COLUMNS
 from photos.work import WORK
 from scripts import prepare_faces
-from tests.helpers import ROOT, subprocess_env, train
+from tests.helpers import ROOT, subprocess_env, tiny_run, train
 
 pytest.importorskip("facenet_pytorch")
 pytest.importorskip("skimage")
+pytestmark = pytest.mark.process  # scripts/prepare_faces.py runs in processes from module fixtures
 
 SCRIPT = str(ROOT / "scripts" / "prepare_faces.py")
 # The flags of the main output: batches of 3 photos, so that a run interrupted has photos done and photos to do.
@@ -668,14 +669,7 @@ def test_a_recognition_model_decides_the_group_photo_and_its_similarities_are_re
     every face checked has its similarity in the report, and the group photo is decided by the model (an
     untrained one here: with --match-threshold -1 every face matches, and the best one is kept). Which face is
     right is tests/test_photos.py's, with a model that knows."""
-    from backbones import get_model
-    from eval.model_card import MODEL_CARD, model_card
-
-    tiny = {"widths": [4, 8, 8, 16]}
-    torch.manual_seed(0)
-    (tmp_path / "run").mkdir()
-    torch.save(get_model("tiny", num_features=16, **tiny).state_dict(), tmp_path / "run" / "model.pt")
-    (tmp_path / "run" / MODEL_CARD).write_text(json.dumps(model_card("tiny", tiny, 16, fingerprint="0" * 16, step=0)))
+    tiny_run(tmp_path / "run", {"widths": [4, 8, 8, 16]})
     photos = tmp_path / "photos"
     for name, source in (("bob/0.jpg", "bob/0.jpg"), ("bob/1.jpg", "bob/1.jpg"), ("bob/party.jpg",
                                                                                   "bob/3-two-faces.jpg")):

@@ -15,6 +15,7 @@ from tests.helpers import (
     FIXTURES,
     ROOT,
     copy_checkpoints_until,
+    faces,
     load_model,
     logged_losses,
     max_difference,
@@ -199,26 +200,13 @@ def test_onnx_export_round_trip_and_inference(two_rank_run, tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
-def _identity_folders(data: Path) -> Path:
-    """8 identity folders of 4 random 112x112 JPEGs each (the rec= image-folder layout)."""
-    from torchvision.io import encode_jpeg
-
-    g = torch.Generator().manual_seed(0)
-    for identity in range(8):
-        (data / f"id{identity}").mkdir(parents=True)
-        for i in range(4):
-            image = torch.randint(0, 256, (3, 112, 112), generator=g, dtype=torch.uint8)
-            (data / f"id{identity}" / f"{i}.jpg").write_bytes(encode_jpeg(image).numpy().tobytes())
-    return data
-
-
 # ---------------------------------------------------------------------------------------- verification set
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_missing_verification_file_is_skipped_on_every_rank(tmp_path):
     """configs/base.py promises that missing val_targets files are skipped: with 2 ranks, rank 0 decides for
     both, one warning names the file, and training goes on (no rank waits for one that stopped)."""
-    data = _identity_folders(tmp_path / "faces")
+    data = faces(tmp_path / "faces")
     output = tmp_path / "run"
     proc = train(CONFIG, output, f"rec={data}", "num_classes=8", "num_image=32", "batch_size=4", "max_steps=4",
                  "val_targets=missing_set", "verbose=2", "frequent=1", nproc=2)
@@ -417,7 +405,7 @@ def test_a_checkpoint_of_the_previous_identity_rule_resumes(tmp_path):
     from utils.checkpoint import MANIFEST, find_latest
     from utils.config import fingerprint, load_config
 
-    data = _identity_folders(tmp_path / "faces")
+    data = faces(tmp_path / "faces")
     (data / "id0" / "Thumbs.db").write_bytes(b"thumbnails")
     output = tmp_path / "run"
     sets = [f"rec={data}", "num_classes=8", "num_image=32", "batch_size=4", "frequent=1", "save_every_steps=2"]

@@ -22,7 +22,7 @@ from dataset import MXFaceDataset
 from dataset.inspection import rec_info
 from dataset.recordio import IndexedRecordIO, write_insightface_rec
 from scripts.rec_info import main as rec_info_main
-from tests.helpers import ROOT, run_main, subprocess_env, train, train_here
+from tests.helpers import ROOT, faces, run_main, subprocess_env, train, train_here
 
 NUM_CLASSES, PER_CLASS = 4, 4  # 16 images: 2 steps of 8 per epoch on one rank, so every record is read
 TRAIN = (f"num_classes={NUM_CLASSES}", f"num_image={NUM_CLASSES * PER_CLASS}", "max_steps=4",
@@ -176,8 +176,6 @@ def test_rec_info_check_finds_every_defect_in_one_pass(tmp_path):
 
 
 def _folder_with_bad_images(root):
-    from tests.reliability.test_day_two import faces
-
     faces(root, identities=8, per_identity=4)
     good = (root / "id3" / "0.jpg").read_bytes()
     (root / "id3" / "4.jpg").write_bytes(good[: len(good) // 3])  # truncated

@@ -17,7 +17,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import CONFIG, ROOT, load_model, logged_lrs, subprocess_env, torchrun_command, train_here
+from tests.helpers import (
+    CONFIG,
+    ROOT,
+    faces,
+    load_model,
+    logged_lrs,
+    subprocess_env,
+    torchrun_command,
+    train_here,
+)
 from utils.checkpoint import find_latest, list_checkpoints, step_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -33,19 +42,6 @@ def one_error_line(proc: subprocess.CompletedProcess, output: Path) -> str:
     log = (output / "training.log").read_text()
     assert lines[0].split(" ERROR ", 1)[-1] in log
     return lines[0]
-
-
-def faces(root: Path, identities: int = 8, per_identity: int = 4) -> Path:
-    """A small image folder dataset (one folder per identity)."""
-    from torchvision.io import encode_jpeg
-
-    g = torch.Generator().manual_seed(0)
-    for identity in range(identities):
-        (root / f"id{identity}").mkdir(parents=True, exist_ok=True)
-        for i in range(per_identity):
-            image = torch.randint(0, 256, (3, 112, 112), generator=g, dtype=torch.uint8)
-            (root / f"id{identity}" / f"{i}.jpg").write_bytes(encode_jpeg(image).numpy().tobytes())
-    return root
 
 
 @pytest.fixture(scope="module")
