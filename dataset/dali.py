@@ -25,7 +25,7 @@ import torch
 
 from dataset.faces import MXFaceDataset
 from dataset.images import PIXEL_MEAN, PIXEL_STD, normalise
-from dataset.loader import FaceSampler, read_leaving_out
+from dataset.loader import FaceSampler, problem_line, read_leaving_out
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ class RecordBatches:
             try:
                 image, label, where = self.dataset.raw(index)
             except (ValueError, OSError) as exc:  # RecordIOError is a ValueError; it names the file and key
-                problem = str(exc) if isinstance(exc, ValueError) else f"sample {index}: {exc}"
+                problem = problem_line(index, exc)
                 break
             size = header_size(image)
             if size != tuple(self.dataset.image_size):
