@@ -71,8 +71,6 @@ def open_training_set(path: Path) -> TrainingSet:
     is_rec = is_rec_folder(path)
     try:
         data = build_dataset(str(path))
-    except FileNotFoundError:
-        raise
     except ValueError as exc:
         if is_rec:  # the folder is a rec, and the rec is damaged
             raise BadData(str(exc)) from None
