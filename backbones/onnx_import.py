@@ -581,8 +581,9 @@ def max_relative_difference(imported: Imported, path: str | os.PathLike, images:
     (the ONNX file fed what its own normalisation expects), one at a time (a file may fix its batch at 1)."""
     import onnxruntime
 
-    model = get_model(imported.network, num_features=imported.embedding_size, **imported.network_kwargs)
-    model.load_state_dict(imported.state_dict, strict=True)
+    with torch.device("meta"):  # no random initialisation: the state dict holds every parameter and buffer
+        model = get_model(imported.network, num_features=imported.embedding_size, **imported.network_kwargs)
+    model.load_state_dict(imported.state_dict, strict=True, assign=True)
     batch = torch.rand(images, 3, INPUT_SIDE, INPUT_SIDE, generator=torch.Generator().manual_seed(seed)) * 2 - 1
     with torch.no_grad():
         expected = model.eval()(batch).numpy()

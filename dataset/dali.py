@@ -24,12 +24,11 @@ import numpy as np
 import torch
 
 from dataset.faces import MXFaceDataset
-from dataset.images import PIXEL_MEAN, PIXEL_STD, normalise
-from dataset.loader import FaceSampler, read_leaving_out
+from dataset.images import PIXEL_MEAN, PIXEL_STD, is_jpeg, is_png, normalise
+from dataset.loader import FaceSampler, problem_line, read_leaving_out
 
 logger = logging.getLogger(__name__)
 
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # JPEG start-of-frame markers (baseline, extended, progressive, lossless; Huffman or arithmetic): C0-CF but DHT
 # (C4), JPG (C8) and DAC (CC).
 _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
@@ -38,12 +37,12 @@ _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 def header_size(data: bytes) -> tuple[int, int] | None:
     """``(H, W)`` of an encoded image read from its header alone (a JPEG's frame header, a PNG's ``IHDR``), or None
     when the bytes are neither or the header is damaged. Decodes nothing: a few dozen bytes are read."""
-    if data[:8] == _PNG_SIGNATURE:
+    if is_png(data):
         if len(data) < 24 or data[12:16] != b"IHDR":
             return None
         width, height = struct.unpack(">II", data[16:24])
         return height, width
-    if data[:2] != b"\xff\xd8":
+    if not is_jpeg(data):
         return None
     pos = 2
     while pos + 4 <= len(data):  # marker segments up to the frame header: FF, marker, big-endian length
@@ -114,7 +113,7 @@ class RecordBatches:
             try:
                 image, label, where = self.dataset.raw(index)
             except (ValueError, OSError) as exc:  # RecordIOError is a ValueError; it names the file and key
-                problem = str(exc) if isinstance(exc, ValueError) else f"sample {index}: {exc}"
+                problem = problem_line(index, exc)
                 break
             size = header_size(image)
             if size != tuple(self.dataset.image_size):

@@ -17,7 +17,7 @@ from torch.utils.data import Dataset
 
 from dataset.identity_folders import holds_identity_folders, identity_folders, names_shown
 from dataset.images import IMAGE_EXTENSIONS, Transform, decode, decode_many, stack_flipped
-from dataset.recordio import class_of, open_rec_folder, read_image_record, unpack
+from dataset.recordio import class_of, is_rec_folder, open_rec_folder, read_image_record, unpack
 
 logger = logging.getLogger(__name__)
 
@@ -178,7 +178,7 @@ def build_dataset(rec: str, num_classes: int | None = None, image_size: tuple[in
                 "identity folders of images")
     if not path.exists():
         raise FileNotFoundError(f"dataset path {path} does not exist; {expected}")
-    if (path / "train.rec").exists() or (path / "train.idx").exists():
+    if is_rec_folder(path):
         return MXFaceDataset(path, num_classes=num_classes, image_size=image_size)
     if holds_identity_folders(path):
         ds = ImageFolderDataset(path, image_size=image_size)

@@ -34,7 +34,7 @@ def decode(data: bytes, where: str, image_size: tuple[int, int] | None = None) -
     # bytearray: torch.frombuffer needs a writable buffer; the copy of a ~5 KB JPEG costs nothing.
     raw = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
     try:
-        if _is_jpeg(data):
+        if is_jpeg(data):
             image = decode_jpeg(raw, mode=ImageReadMode.RGB, apply_exif_orientation=True)  # (3, H, W)
         else:
             image = decode_image(raw, mode=ImageReadMode.RGB, apply_exif_orientation=True)  # (3, H, W)
@@ -46,8 +46,17 @@ def decode(data: bytes, where: str, image_size: tuple[int, int] | None = None) -
     return image
 
 
-def _is_jpeg(data: bytes) -> bool:
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def is_jpeg(data: bytes) -> bool:
+    """Whether ``data`` starts as a JPEG does (the SOI marker ``FF D8``)."""
     return data[:2] == b"\xff\xd8"
+
+
+def is_png(data: bytes) -> bool:
+    """Whether ``data`` starts with the 8-byte PNG signature."""
+    return data[:8] == _PNG_SIGNATURE
 
 
 def decode_many(data: Sequence[bytes], where: Sequence[str], image_size: tuple[int, int] | None = None
@@ -61,7 +70,7 @@ def decode_many(data: Sequence[bytes], where: Sequence[str], image_size: tuple[i
     if len(data) != len(where):
         raise ValueError(f"decode_many: {len(data)} images but {len(where)} names")
     images: list[torch.Tensor | None] = [None] * len(data)
-    jpegs = [j for j, d in enumerate(data) if _is_jpeg(d)]
+    jpegs = [j for j, d in enumerate(data) if is_jpeg(d)]
     if jpegs:
         whole = torch.frombuffer(bytearray(b"".join(data[j] for j in jpegs)), dtype=torch.uint8)  # (total bytes,)
         raws, start = [], 0

@@ -99,6 +99,12 @@ def _read_per_sample(dataset: Dataset, indices: Sequence[int], flips: Sequence[b
     return stack_flipped([img for img, _ in samples], flips), labels
 
 
+def problem_line(index: int, exc: ValueError | OSError) -> str:
+    """The line naming a sample that could not be read: a ``ValueError``'s own message (it names the file and
+    key), otherwise ``sample {index}: {exc}``."""
+    return str(exc) if isinstance(exc, ValueError) else f"sample {index}: {exc}"
+
+
 def read_leaving_out(dataset: Dataset, indices: Sequence[int], flips: Sequence[bool]
                      ) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
     """``(uint8 (B', 3, H, W), labels (B',), problems)``: samples ``indices`` of ``dataset``, mirrored where ``flips``
@@ -117,7 +123,7 @@ def read_leaving_out(dataset: Dataset, indices: Sequence[int], flips: Sequence[b
         try:
             good.append(read([index], [flip]))
         except (ValueError, OSError) as exc:
-            problems.append(str(exc) if isinstance(exc, ValueError) else f"sample {index}: {exc}")
+            problems.append(problem_line(index, exc))
     if not good:
         size = getattr(dataset, "image_size", (112, 112))
         return torch.empty((0, 3, *size), dtype=torch.uint8), torch.empty(0, dtype=torch.int64), problems

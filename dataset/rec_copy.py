@@ -14,10 +14,9 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from dataset.images import is_png
 from dataset.recordio import IndexedRecordIO, class_of, detect_layout, unpack
 from utils.files import staged
-
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def shuffled_name(src: Path) -> Path:
@@ -54,5 +53,5 @@ def unpack_rec(src: Path, out: Path) -> int:
                 header, image = unpack(rec.read_idx(key))
                 folder = stage / f"{class_of(header.label, f'{rec.rec_path} (key {key})'):06d}"
                 folder.mkdir(exist_ok=True)
-                (folder / f"{key}.{'png' if image.startswith(PNG_MAGIC) else 'jpg'}").write_bytes(image)
+                (folder / f"{key}.{'png' if is_png(image) else 'jpg'}").write_bytes(image)
     return len(keys)

@@ -419,6 +419,13 @@ def class_of(header_label: float | np.ndarray, where: str) -> int:
     return int(value)
 
 
+def is_rec_folder(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is meant as a RecordIO dataset: it holds ``train.rec`` or ``train.idx`` (either one, so that
+    a folder missing the other is read, and reported, as a damaged rec)."""
+    path = Path(path)
+    return (path / "train.rec").exists() or (path / "train.idx").exists()
+
+
 @dataclass
 class RecFolder:
     """A RecordIO dataset folder, open, with what its open-time checks found.

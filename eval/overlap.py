@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from dataset import ImageFolderDataset, MXFaceDataset, build_dataset
-from dataset.recordio import write_insightface_rec
+from dataset.recordio import is_rec_folder, write_insightface_rec
 from dataset.verification_set import load_bin
 from eval.verification import embed
 from partial_fc.checkpoint import load_head_rows
@@ -68,11 +68,9 @@ def open_training_set(path: Path) -> TrainingSet:
     """The training set ``--rec`` names, as the trainer reads it; a damaged rec is ``BadData``."""
     if (problem := path_problem(path, folder=True)) is not None:
         raise FileNotFoundError(f"--rec {path}: {'no such folder' if problem == 'not found' else problem}")
-    is_rec = (path / "train.rec").exists() or (path / "train.idx").exists()
+    is_rec = is_rec_folder(path)
     try:
         data = build_dataset(str(path))
-    except FileNotFoundError:
-        raise
     except ValueError as exc:
         if is_rec:  # the folder is a rec, and the rec is damaged
             raise BadData(str(exc)) from None

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dataset.identity_folders import holds_identity_folders, names_shown
 from dataset.images import IMAGE_EXTENSIONS
 from dataset.inspection import IMAGE_SIZE, folder_info, rec_info
+from dataset.recordio import is_rec_folder
 from utils.cli import run_tool
 
 TOOL = "rec_info"
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--workers and --min-images must be >= 0; got {args.workers} and {args.min_images}")
 
     def work() -> int:
-        is_rec = (args.root / "train.rec").exists() or (args.root / "train.idx").exists()
+        is_rec = is_rec_folder(args.root)
         return _image_folder(args) if not is_rec and holds_identity_folders(args.root) else _rec(args)
 
     # A rec that is there but does not read as one, or a folder without an image, is bad data (1), a missing one 2.
